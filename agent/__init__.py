@@ -1,0 +1,3 @@
+"""refund-agent: a durable AI refund agent."""
+
+__version__ = "0.1.0"

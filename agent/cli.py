@@ -1,0 +1,199 @@
+"""`refund-agent` commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from agent.settings import get_settings
+
+
+def _setup_logging(level: str = "INFO") -> None:
+    logging.basicConfig(
+        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s"
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("stripe").setLevel(logging.WARNING)
+
+
+def cmd_migrate(_: argparse.Namespace) -> int:
+    from agent.runtime import migrate_databases
+
+    migrate_databases(get_settings())
+    print("system and application databases are at the latest migration")
+    return 0
+
+
+def cmd_seed(args: argparse.Namespace) -> int:
+    from steps.migrate import upgrade
+    from steps.seed import seed
+    from steps.store import create_engine
+
+    settings = get_settings()
+    upgrade(settings.app_database_url)
+    engine = create_engine(settings.app_database_url)
+    written = seed(engine, reset=args.reset)
+    print(f"seeded {written} demo orders")
+    return 0
+
+
+def cmd_worker(_: argparse.Namespace) -> int:
+    from agent import runtime
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    rt = runtime.start()
+    print(f"worker {rt.settings.refund_agent_executor_id} running refunds ({rt.model_label}); Ctrl-C stops it")
+    stop.wait()
+    runtime.stop(workflow_completion_timeout_sec=10)
+    return 0
+
+
+def cmd_sandbox(args: argparse.Namespace) -> int:
+    from sandbox.payments import run_sandbox
+
+    settings = get_settings()
+    run_sandbox(
+        host=args.host,
+        port=args.port or settings.payments_sandbox_port,
+        database_url=args.database_url or settings.sandbox_database_url,
+        api_key=None,
+        key_ttl_seconds=settings.payments_key_ttl_seconds,
+    )
+    return 0
+
+
+def _open() -> Any:
+    from agent import runtime
+    from steps.store import open_app_database
+
+    settings = get_settings()
+    runtime.migrate_databases(settings)
+    open_app_database(settings.app_database_url)
+    return runtime.client(settings)
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from agent.domain import RefundRequest
+    from agent.submit import SubmissionError, submit_refund
+
+    client = _open()
+    try:
+        amount = Decimal(args.amount) if args.amount else None
+        request = RefundRequest(order_id=args.order_id, message=args.message, amount=amount, currency=args.currency)
+        sub = submit_refund(
+            client, idempotency_key=args.key, request=request, app_version=get_settings().refund_agent_app_version
+        )
+    except (SubmissionError, ValueError, InvalidOperation) as error:
+        print(f"refused: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps({"refund_id": sub.refund_id, "created": sub.created}))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from agent.status import refund_status
+
+    client = _open()
+    status = refund_status(client, args.refund_id)
+    if status is None:
+        print(f"no refund {args.refund_id}", file=sys.stderr)
+        return 1
+    print(json.dumps(status, indent=2, default=str))
+    return 0
+
+
+def cmd_decide(args: argparse.Namespace) -> int:
+    from agent import approvals
+
+    client = _open()
+    pending = approvals.pending_request(client, args.refund_id)
+    decision = "approve" if args.command == "approve" else "reject"
+    try:
+        if pending is None:
+            raise approvals.ApprovalError("nothing_pending", f"refund {args.refund_id} is not waiting for approval")
+        result = approvals.decide(
+            client, refund_id=args.refund_id, decision=decision, approver=args.approver,
+            amount=Decimal(pending["amount"]), currency=pending["currency"],
+        )
+    except approvals.ApprovalError as error:
+        print(f"refused ({error.code}): {error}", file=sys.stderr)
+        return 2
+    record = result.record
+    print(f"{record.decision} by {record.approver} at {record.decided_at:%Y-%m-%d %H:%M:%S} UTC "
+          f"for {record.amount} {record.currency}" + ("" if result.first else " (recorded earlier; unchanged)"))
+    return 0 if record.decision == decision else 3
+
+
+def cmd_audit(_: argparse.Namespace) -> int:
+    from steps import audit
+    from steps.store import create_engine
+
+    with create_engine(get_settings().app_database_url).connect() as conn:
+        report = audit.verify(conn)
+    if report.ok:
+        print(f"audit chain intact: {report.entries} entries")
+        return 0
+    print(f"audit chain BROKEN at entry {report.first_broken_seq}: {report.problem}")
+    return 1
+
+
+def cmd_demo(_: argparse.Namespace) -> int:
+    from agent.demo import run_demo
+
+    return run_demo(get_settings())
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="refund-agent", description="A durable AI refund agent.")
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("demo", help="run the worked example: crash, recovery, approval, one refund").set_defaults(
+        func=cmd_demo
+    )
+    sub.add_parser("migrate", help="migrate the application database").set_defaults(func=cmd_migrate)
+    seed = sub.add_parser("seed", help="load demo customers and orders")
+    seed.add_argument("--reset", action="store_true", help="restore seeded orders to their original amounts")
+    seed.set_defaults(func=cmd_seed)
+    sub.add_parser("worker", help="run refund workflows from the queue").set_defaults(func=cmd_worker)
+    sb = sub.add_parser("sandbox-payments", help="run the local Stripe-compatible payments sandbox")
+    sb.add_argument("--port", type=int, default=None)
+    sb.add_argument("--host", default="127.0.0.1")
+    sb.add_argument("--database-url", default=None)
+    sb.set_defaults(func=cmd_sandbox)
+    submit = sub.add_parser("submit", help="submit a refund request")
+    submit.add_argument("order_id")
+    submit.add_argument("--message", required=True)
+    submit.add_argument("--amount")
+    submit.add_argument("--currency")
+    submit.add_argument("--key", required=True, help="idempotency key (becomes the refund id)")
+    submit.set_defaults(func=cmd_submit)
+    status = sub.add_parser("status", help="show a refund's phase, outcome and step timeline")
+    status.add_argument("refund_id")
+    status.set_defaults(func=cmd_status)
+    for name in ("approve", "reject"):
+        d = sub.add_parser(name, help=f"{name} a refund waiting for approval")
+        d.add_argument("refund_id")
+        d.add_argument("--approver", required=True)
+        d.set_defaults(func=cmd_decide)
+    audit = sub.add_parser("audit", help="audit log tools")
+    audit_sub = audit.add_subparsers(dest="audit_command", required=True)
+    audit_sub.add_parser("verify", help="verify the hash chain").set_defaults(func=cmd_audit)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    _setup_logging("WARNING" if args.command in ("demo", "status", "approve", "reject", "submit") else "INFO")
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""Pure decision types: what a request, a proposal, a verdict and a phase are."""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from steps.records import CURRENCY_EXPONENTS, ApprovalRecord
+
+__all__ = ["ApprovalRecord", "Phase", "RefundProposal", "RefundRequest", "Verdict", "VerdictKind"]
+
+MAX_MESSAGE_CHARS = 4000
+_ORDER_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+
+class Phase(StrEnum):
+    """Where a refund is; published with ``DBOS.set_event`` under ``PHASE_EVENT``."""
+
+    RECEIVED = "received"
+    DECIDING = "deciding"
+    AWAITING_APPROVAL = "awaiting_approval"
+    PAYING = "paying"
+    COMPLETED = "completed"
+    REJECTED = "rejected"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class RefundRequest(BaseModel):
+    """A customer's refund request as it arrives; its idempotency key becomes the workflow id."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    order_id: str
+    message: str
+    amount: Decimal | None = None
+    currency: str | None = None
+
+    @field_validator("order_id")
+    @classmethod
+    def _order_id(cls, value: str) -> str:
+        if not _ORDER_ID.match(value):
+            raise ValueError("order_id must be 1-64 letters, digits or _.:-")
+        return value
+
+    @field_validator("message")
+    @classmethod
+    def _message(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("message must not be empty")
+        if len(value) > MAX_MESSAGE_CHARS:
+            raise ValueError(f"message must be at most {MAX_MESSAGE_CHARS} characters")
+        return value
+
+    @field_validator("amount")
+    @classmethod
+    def _amount(cls, value: Decimal | None) -> Decimal | None:
+        if value is None:
+            return None
+        if not value.is_finite():
+            raise ValueError("amount must be a finite number")
+        if value <= 0:
+            raise ValueError("amount must be greater than zero")
+        if -value.as_tuple().exponent > 2:  # type: ignore[operator]
+            raise ValueError("amount has more decimal places than any supported currency")
+        return value
+
+    @field_validator("currency")
+    @classmethod
+    def _currency(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        code = value.strip().upper()
+        if code not in CURRENCY_EXPONENTS:
+            raise ValueError(f"unsupported currency {value!r}; supported: {', '.join(CURRENCY_EXPONENTS)}")
+        return code
+
+
+class RefundProposal(BaseModel):
+    """What the agent proposes. It is advice: policy decides what is paid."""
+
+    amount: Decimal = Field(ge=0)
+    """Amount to refund in the order's currency; 0 when no refund should be made."""
+    currency: str
+    """ISO 4217 code of the order's currency."""
+    reason: str = Field(max_length=1000)
+    """One or two sentences for the approver: why this amount."""
+    customer_reply: str = Field(max_length=2000)
+    """The reply to send the customer, in their language, stating the amount and what happens next."""
+
+
+VerdictKind = Literal["auto_approve", "needs_approval", "refuse"]
+
+
+class Verdict(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    kind: VerdictKind
+    amount: Decimal
+    currency: str
+    reasons: tuple[str, ...] = ()
+    refundable: Decimal = Decimal(0)
+
+    @property
+    def summary(self) -> str:
+        return f"{self.kind}: {'; '.join(self.reasons) or 'within policy'}"

@@ -1,0 +1,112 @@
+"""The deterministic offline model: used when no model is configured, and labelled as such everywhere."""
+
+from __future__ import annotations
+
+import re
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from typing import Any
+
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+OFFLINE_MODEL_NAME = "offline model"
+
+_ORDER = re.compile(r"Refund request for order (\S+)\.")
+_ASKED = re.compile(r"Requested amount: ([0-9.]+)")
+_MESSAGE = re.compile(r"<<<\n(.*)\n>>>", re.S)
+_NUMBER = re.compile(r"(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+)(\.\d{1,2})?(?![\w])")
+
+
+def _prompt(messages: list[ModelMessage]) -> str:
+    for message in messages:
+        if isinstance(message, ModelRequest):
+            for part in message.parts:
+                if isinstance(part, UserPromptPart) and isinstance(part.content, str):
+                    return part.content
+    return ""
+
+
+def _first_group(pattern: re.Pattern[str], text: str) -> str:
+    match = pattern.search(text)
+    return match.group(1) if match else ""
+
+
+def _returns(messages: list[ModelMessage]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for message in messages:
+        if isinstance(message, ModelRequest):
+            for part in message.parts:
+                if isinstance(part, ToolReturnPart):
+                    found[part.tool_name] = part.content
+    return found
+
+
+def _amount_from_text(message: str, refundable: Decimal) -> Decimal:
+    """Read an amount the way a literal clerk would: a number, "half", else everything refundable."""
+    if re.search(r"\bhalf\b", message, re.I):
+        return (refundable / 2).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
+    match = _NUMBER.search(message)
+    if match:
+        try:
+            return Decimal(match.group(1).replace(",", "") + (match.group(2) or ""))
+        except InvalidOperation:
+            pass
+    return refundable
+
+
+def _reply(verdict: dict[str, Any], amount: str, currency: str) -> str:
+    kind = verdict.get("verdict")
+    if kind == "auto_approve":
+        return (
+            f"Good news: we have approved a refund of {amount} {currency}. It will reach your original "
+            "payment method within 5-10 business days."
+        )
+    if kind == "needs_approval":
+        return (
+            f"Thank you. Your refund of {amount} {currency} needs a quick review by our team; "
+            "we will get back to you within 3 days."
+        )
+    reasons = "; ".join(verdict.get("reasons", [])) or "it is outside our refund policy"
+    return f"We are sorry, but we cannot refund this order: {reasons}."
+
+
+def offline_model_function(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    prompt = _prompt(messages)
+    order_id = _first_group(_ORDER, prompt)
+    returns = _returns(messages)
+    if "get_order" not in returns:
+        return ModelResponse(parts=[ToolCallPart("get_order", {"order_id": order_id})], model_name=OFFLINE_MODEL_NAME)
+    order = returns["get_order"]
+    if "error" in order:
+        currency, amount, verdict = "USD", "0", {"verdict": "refuse", "reasons": [order["error"]]}
+    else:
+        if "get_refund_history" not in returns:
+            return ModelResponse(parts=[ToolCallPart("get_refund_history", {})], model_name=OFFLINE_MODEL_NAME)
+        currency = order["currency"]
+        asked = _first_group(_ASKED, prompt)
+        message = _first_group(_MESSAGE, prompt)
+        wanted = Decimal(asked) if asked else _amount_from_text(message, Decimal(order["refundable_now"]))
+        if "request_refund" not in returns:
+            call = ToolCallPart("request_refund", {"amount": str(wanted)})
+            return ModelResponse(parts=[call], model_name=OFFLINE_MODEL_NAME)
+        verdict = returns["request_refund"]
+        amount = str(wanted)
+    output = {
+        "amount": amount,
+        "currency": currency,
+        "reason": f"Offline model: customer asked about order {order_id}; proposing {amount} {currency} "
+        f"({verdict.get('verdict')}).",
+        "customer_reply": _reply(verdict, amount, currency),
+    }
+    return ModelResponse(parts=[ToolCallPart(info.output_tools[0].name, output)], model_name=OFFLINE_MODEL_NAME)
+
+
+def offline_model() -> FunctionModel:
+    return FunctionModel(offline_model_function, model_name=OFFLINE_MODEL_NAME)

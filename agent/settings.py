@@ -1,0 +1,111 @@
+"""The one place that reads the environment."""
+
+from __future__ import annotations
+
+import socket
+from decimal import Decimal
+from functools import cache
+from pathlib import Path
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from agent import __version__
+
+
+class Settings(BaseSettings):
+    """Service configuration; every field maps to an environment variable of the same name."""
+
+    model_config = SettingsConfigDict(env_file=".env", extra="ignore", populate_by_name=True)
+
+    refund_agent_data_dir: Path = Path(".refund-agent")
+    """Where the embedded default keeps its SQLite files."""
+    dbos_system_database_url: str | None = None
+    """DBOS system database (checkpoints). Defaults to SQLite in the data directory."""
+    database_url: str | None = None
+    """Application database (orders, refunds, audit log). Defaults to SQLite in the data directory."""
+
+    refund_agent_model: str | None = None
+    """Any Pydantic AI model string (e.g. ``openai:gpt-5.2``). Unset: the deterministic offline model."""
+    refund_agent_model_base_url: str | None = None
+    """Base URL of an OpenAI-compatible server (Ollama, vLLM); the model name comes from REFUND_AGENT_MODEL."""
+    refund_agent_model_api_key: SecretStr | None = None
+
+    refund_agent_executor_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-0")
+    refund_agent_app_version: str = __version__
+
+    auto_approve_limit: Decimal = Decimal("100.00")
+    """Refunds up to this amount are paid without a person (in the order's currency)."""
+    auto_approve_limits: dict[str, Decimal] = Field(default_factory=dict)
+    """Per-currency overrides, e.g. ``{"JPY": "15000"}``."""
+    absolute_refund_cap: Decimal = Decimal("10000.00")
+    """Refunds above this amount are refused outright."""
+    absolute_refund_caps: dict[str, Decimal] = Field(default_factory=dict)
+    refund_window_days: int = 60
+
+    approval_escalate_after_seconds: float = 4 * 3600
+    approval_timeout_seconds: float = 72 * 3600
+    approval_signing_secret: SecretStr | None = None
+
+    payments_api_base: str | None = None
+    """Stripe-compatible API base. Unset: the local payments sandbox."""
+    payments_api_key: SecretStr = SecretStr("sk_test_sandbox")
+    payments_sandbox_port: int = 12111
+    payments_key_ttl_seconds: float = 24 * 3600
+    """How long the provider remembers idempotency keys (Stripe: 24 h)."""
+
+    slack_webhook_url: SecretStr | None = None
+    queue_worker_concurrency: int = 4
+    queue_polling_interval_seconds: float = 0.5
+    notification_polling_interval_seconds: float = 0.25
+    refund_agent_crash_at: str | None = None
+    """Fault injection for tests and the demo: SIGKILL this process at the named point."""
+
+    @field_validator("auto_approve_limit", "absolute_refund_cap")
+    @classmethod
+    def _positive(cls, value: Decimal) -> Decimal:
+        if value <= 0:
+            raise ValueError("must be positive")
+        return value
+
+    @property
+    def system_database_url(self) -> str:
+        return self.dbos_system_database_url or self._sqlite_url("dbos_system.sqlite")
+
+    @property
+    def app_database_url(self) -> str:
+        return self.database_url or self._sqlite_url("refund_agent.sqlite")
+
+    @property
+    def sandbox_database_url(self) -> str:
+        return self._sqlite_url("payments_sandbox.sqlite")
+
+    @property
+    def payments_base_url(self) -> str:
+        return self.payments_api_base or f"http://127.0.0.1:{self.payments_sandbox_port}"
+
+    @property
+    def uses_sandbox(self) -> bool:
+        return self.payments_api_base is None
+
+    def signing_secret(self) -> bytes:
+        """The approval HMAC key: configured, else generated once and kept in the data directory."""
+        if self.approval_signing_secret is not None:
+            return self.approval_signing_secret.get_secret_value().encode()
+        path = self.refund_agent_data_dir / "approval_signing.key"
+        if not path.exists():
+            import secrets
+
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(secrets.token_hex(32))
+            path.chmod(0o600)
+        return path.read_text().strip().encode()
+
+    def _sqlite_url(self, name: str) -> str:
+        self.refund_agent_data_dir.mkdir(parents=True, exist_ok=True)
+        return f"sqlite:///{(self.refund_agent_data_dir / name).resolve()}"
+
+
+@cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,76 @@
+"""A refund's state as callers see it: phase, amounts, approval, payment and the DBOS step timeline."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from dbos import DBOSClient
+
+from agent.approvals import APPROVAL_EVENT
+from agent.workflow import OUTCOME_EVENT, PHASE_EVENT
+from steps.records import from_minor
+from steps.refunds import recorded_decision
+from steps.store import app_db, refunds
+
+_TERMINAL = {"CANCELLED": "cancelled", "ERROR": "failed", "MAX_RECOVERY_ATTEMPTS_EXCEEDED": "failed"}
+
+
+def _ms(value: int | None) -> str | None:
+    return datetime.fromtimestamp(value / 1000, UTC).isoformat() if value else None
+
+
+def step_timeline(client: DBOSClient, refund_id: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "step": step["function_id"],
+            "name": step["function_name"],
+            "start": _ms(step["started_at_epoch_ms"]),
+            "end": _ms(step["completed_at_epoch_ms"]),
+            "error": repr(step["error"]) if step["error"] is not None else None,
+        }
+        for step in client.list_workflow_steps(refund_id, load_output=False)
+    ]
+
+
+def refund_status(client: DBOSClient, refund_id: str) -> dict[str, Any] | None:
+    with app_db().engine.connect() as conn:
+        row = conn.execute(sa.select(refunds).where(refunds.c.refund_id == refund_id)).first()
+        decision = recorded_decision(conn, refund_id)
+    workflows = client.list_workflows(workflow_ids=[refund_id], load_input=False, load_output=False)
+    if row is None and not workflows:
+        return None
+    phase = client.get_event(refund_id, PHASE_EVENT, timeout_seconds=0) or (row.status if row else "received")
+    if workflows and workflows[0].status in _TERMINAL:
+        phase = _TERMINAL[workflows[0].status]
+    pending = client.get_event(refund_id, APPROVAL_EVENT, timeout_seconds=0)
+    outcome = client.get_event(refund_id, OUTCOME_EVENT, timeout_seconds=0)
+    currency = row.currency if row else None
+    amount_minor = (row.proposed_amount_minor or row.requested_amount_minor) if row else None
+    return {
+        "refund_id": refund_id,
+        "status": phase,
+        "order_id": row.order_id if row else None,
+        "amount": str(from_minor(amount_minor, currency)) if amount_minor is not None and currency else None,
+        "currency": currency,
+        "verdict": row.verdict if row else None,
+        "reason": row.reason if row else None,
+        "customer_reply": row.customer_reply if row else None,
+        "model": row.model if row else None,
+        "approval": {
+            "requested": pending,
+            "decision": decision.decision if decision else None,
+            "approver": decision.approver if decision else None,
+            "decided_at": decision.decided_at.isoformat() if decision else None,
+        }
+        if pending or decision
+        else None,
+        "payment": {
+            "provider_refund_id": row.provider_refund_id if row else None,
+            "idempotency_key": row.idempotency_key if row else None,
+        },
+        "outcome": outcome,
+        "executor_id": workflows[0].executor_id if workflows else None,
+        "steps": step_timeline(client, refund_id) if workflows else [],
+    }

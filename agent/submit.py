@@ -1,0 +1,79 @@
+"""Accepting a refund request: validate, claim its idempotency key, enqueue its workflow."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+
+from dbos import DBOSClient, EnqueueOptions
+
+from agent.domain import RefundRequest
+from steps.orders import get_order
+from steps.records import exponent
+from steps.refunds import register_request
+from steps.store import app_db
+
+_KEY = re.compile(r"^[A-Za-z0-9_.:-]{8,200}$")
+
+
+class SubmissionError(Exception):
+    """A request that cannot be accepted; ``status`` is the HTTP status it maps to."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Submission:
+    refund_id: str
+    created: bool
+
+
+def request_hash(request: RefundRequest) -> str:
+    body = request.model_dump(mode="json")
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def submit_refund(
+    client: DBOSClient, *, idempotency_key: str, request: RefundRequest, app_version: str
+) -> Submission:
+    """Start the refund once per key. The same key and body returns it again; a new body is a conflict."""
+    from agent.runtime import REFUND_QUEUE
+    from agent.workflow import REFUND_WORKFLOW
+
+    if not _KEY.match(idempotency_key):
+        raise SubmissionError(400, "Idempotency-Key must be 8-200 letters, digits or _.:-")
+    with app_db().engine.connect() as conn:
+        order = get_order(conn, request.order_id)
+    if order is None:
+        raise SubmissionError(404, f"order {request.order_id} does not exist")
+    if request.currency is not None and request.currency != order.currency:
+        raise SubmissionError(422, f"currency {request.currency} does not match the order's {order.currency}")
+    if request.amount is not None and -request.amount.as_tuple().exponent > exponent(order.currency):  # type: ignore[operator]
+        raise SubmissionError(422, f"amount {request.amount} is finer than a {order.currency} minor unit")
+    if request.amount is not None and request.amount > order.amount_captured:
+        raise SubmissionError(422, f"amount {request.amount} is more than the {order.amount_captured} paid")
+    request = request.model_copy(update={"currency": order.currency})
+    digest = request_hash(request)
+    claim = register_request(
+        refund_id=idempotency_key,
+        order_id=request.order_id,
+        request_hash=digest,
+        currency=order.currency,
+        requested=request.amount,
+    )
+    if claim.request_hash != digest:
+        raise SubmissionError(409, "this Idempotency-Key was already used with a different request body")
+    options: EnqueueOptions = {
+        "queue_name": REFUND_QUEUE,
+        "workflow_name": REFUND_WORKFLOW,
+        "workflow_id": idempotency_key,
+        "app_version": app_version,
+    }
+    # Enqueued even when the key was claimed before: a crash between claim and enqueue heals here,
+    # and enqueueing an existing workflow id attaches to it.
+    client.enqueue(options, idempotency_key, request.model_dump(mode="json"))
+    return Submission(refund_id=idempotency_key, created=claim.created)

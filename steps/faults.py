@@ -1,0 +1,36 @@
+"""Named crash points, armed by the runtime from settings, used by the crash tests and the demo."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+
+log = logging.getLogger(__name__)
+
+CRASH_POINTS = frozenset(
+    {
+        "after_model_response",  # the first model answer is checkpointed; a tool is about to run
+        "before_provider_call",  # inside the payment step, before the refund is sent
+        "after_provider_call",  # the provider applied the refund; the step has not checkpointed
+        "after_approval_received",  # the decision arrived; nothing after it has run
+    }
+)
+
+_armed: set[str] = set()
+
+
+def arm(point: str | None) -> None:
+    _armed.clear()
+    if point:
+        if point not in CRASH_POINTS:
+            raise ValueError(f"unknown crash point {point!r}; known: {sorted(CRASH_POINTS)}")
+        _armed.add(point)
+
+
+def crash_point(point: str) -> None:
+    """SIGKILL this process here when the point is armed: no cleanup, no checkpoint, like a power cut."""
+    if point in _armed:
+        log.warning("crash point %s reached: killing process %d", point, os.getpid())
+        logging.shutdown()
+        os.kill(os.getpid(), signal.SIGKILL)

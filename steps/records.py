@@ -1,0 +1,112 @@
+"""Plain data that steps read and return (pickled into DBOS checkpoints: never rename these)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import ROUND_HALF_UP, Decimal
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+#: ISO 4217 currencies we settle, with their minor-unit exponent.
+CURRENCY_EXPONENTS: dict[str, int] = {"USD": 2, "EUR": 2, "GBP": 2, "CHF": 2, "JPY": 0}
+
+OrderStatus = Literal["paid", "unpaid", "disputed"]
+
+
+class UnsupportedCurrencyError(ValueError):
+    pass
+
+
+def exponent(currency: str) -> int:
+    try:
+        return CURRENCY_EXPONENTS[currency]
+    except KeyError:
+        raise UnsupportedCurrencyError(f"unsupported currency {currency!r}") from None
+
+
+def quantize(amount: Decimal, currency: str) -> Decimal:
+    """Round an amount to the currency's minor unit."""
+    return amount.quantize(Decimal(1).scaleb(-exponent(currency)), rounding=ROUND_HALF_UP)
+
+
+def to_minor(amount: Decimal, currency: str) -> int:
+    return int(quantize(amount, currency).scaleb(exponent(currency)))
+
+
+def from_minor(minor: int, currency: str) -> Decimal:
+    return quantize(Decimal(minor).scaleb(-exponent(currency)), currency)
+
+
+def format_money(amount: Decimal, currency: str) -> str:
+    return f"{quantize(amount, currency):,} {currency}"
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class Order(Record):
+    order_id: str
+    customer_id: str
+    customer_name: str
+    currency: str
+    amount_captured: Decimal
+    amount_refunded: Decimal
+    status: OrderStatus
+    paid_at: datetime | None
+    charge_id: str
+    items: list[str]
+    notes: str = ""
+
+    @property
+    def remaining(self) -> Decimal:
+        return self.amount_captured - self.amount_refunded
+
+
+class OrderSnapshot(Record):
+    """An order as read at ``as_of``; the workflow's only source of the current time."""
+
+    order: Order
+    as_of: datetime
+
+
+class PastRefund(Record):
+    refund_id: str
+    order_id: str
+    amount: Decimal
+    currency: str
+    status: str
+    created_at: datetime
+
+
+class ProviderRefund(Record):
+    provider_refund_id: str
+    amount: Decimal
+    currency: str
+    status: str
+    idempotency_key: str
+    replayed: bool = False
+    reconciled: bool = False
+
+
+class AuditEntry(Record):
+    seq: int
+    refund_id: str
+    event: str
+    payload: dict[str, Any]
+    created_at: datetime
+    prev_hash: str
+    hash: str
+
+
+class ApprovalRecord(Record):
+    """The one recorded decision for a refund (first writer wins)."""
+
+    refund_id: str
+    decision: Literal["approve", "reject", "expired"]
+    approver: str
+    amount: Decimal
+    currency: str
+    decided_at: datetime
+    note: str = ""

@@ -1,0 +1,207 @@
+"""The application's own book of refund requests; every write also appends to the audit log."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any, Literal
+
+import sqlalchemy as sa
+from pydantic import BaseModel, ConfigDict
+
+from steps import audit
+from steps.orders import ORDER_QUERY, order_from_row
+from steps.records import ApprovalRecord, OrderSnapshot, ProviderRefund, from_minor, to_minor
+from steps.store import app_db, approval_decisions, orders, refunds, session, transaction, utc
+
+
+class RegisteredRequest(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    refund_id: str
+    request_hash: str
+    created: bool
+
+
+class ApprovalWindow(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    requested_at: datetime
+    escalate_at: datetime
+    expires_at: datetime
+
+
+class PaymentPlan(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    snapshot: OrderSnapshot | None
+    first_attempt_at: datetime
+
+
+def register_request(
+    *, refund_id: str, order_id: str, request_hash: str, currency: str, requested: Decimal | None
+) -> RegisteredRequest:
+    """Claim a request key before its workflow starts; a key already taken returns the first claim."""
+    now = datetime.now(UTC)
+    with app_db().engine.begin() as conn:
+        existing = conn.execute(
+            sa.select(refunds.c.request_hash).where(refunds.c.refund_id == refund_id)
+        ).scalar_one_or_none()
+        if existing is not None:
+            return RegisteredRequest(refund_id=refund_id, request_hash=existing, created=False)
+        conn.execute(
+            refunds.insert().values(
+                refund_id=refund_id,
+                order_id=order_id,
+                request_hash=request_hash,
+                currency=currency,
+                requested_amount_minor=None if requested is None else to_minor(requested, currency),
+                status="received",
+                created_at=now,
+                updated_at=now,
+            )
+        )
+        audit.append(
+            conn,
+            refund_id=refund_id,
+            event="request_received",
+            payload={"order_id": order_id, "requested": str(requested) if requested else None},
+            now=now,
+        )
+    return RegisteredRequest(refund_id=refund_id, request_hash=request_hash, created=True)
+
+
+def _touch(refund_id: str, now: datetime, **values: Any) -> None:
+    session().execute(refunds.update().where(refunds.c.refund_id == refund_id).values(updated_at=now, **values))
+
+
+@transaction("refunds.record_verdict")
+def record_verdict_step(
+    refund_id: str, *, proposal: dict[str, Any], verdict: dict[str, Any], model: str
+) -> None:
+    now = datetime.now(UTC)
+    currency = str(proposal["currency"])
+    amount = Decimal(str(proposal["amount"]))
+    _touch(
+        refund_id,
+        now,
+        proposed_amount_minor=to_minor(amount, currency) if currency == verdict["currency"] else None,
+        verdict=verdict["kind"],
+        reason=str(proposal["reason"]),
+        customer_reply=str(proposal["customer_reply"]),
+        model=model,
+        status="deciding",
+    )
+    audit.append(session(), refund_id=refund_id, event="agent_proposed", payload={**proposal, "model": model}, now=now)
+    audit.append(session(), refund_id=refund_id, event="policy_verdict", payload=verdict, now=now)
+
+
+@transaction("refunds.open_approval")
+def open_approval_step(refund_id: str, *, escalate_after: float, timeout: float) -> ApprovalWindow:
+    now = datetime.now(UTC)
+    window = ApprovalWindow(
+        requested_at=now,
+        escalate_at=now + timedelta(seconds=escalate_after),
+        expires_at=now + timedelta(seconds=timeout),
+    )
+    _touch(refund_id, now, status="awaiting_approval")
+    audit.append(session(), refund_id=refund_id, event="approval_requested", payload=window.model_dump(), now=now)
+    return window
+
+
+def _approval_from_row(row: Any) -> ApprovalRecord:
+    return ApprovalRecord(
+        refund_id=row.refund_id,
+        decision=row.decision,
+        approver=row.approver,
+        amount=from_minor(row.amount_minor, row.currency),
+        currency=row.currency,
+        decided_at=utc(row.decided_at),
+        note=row.note,
+    )
+
+
+def recorded_decision(conn: sa.Connection | Any, refund_id: str) -> ApprovalRecord | None:
+    row = conn.execute(sa.select(approval_decisions).where(approval_decisions.c.refund_id == refund_id)).first()
+    return _approval_from_row(row) if row else None
+
+
+def _claim_decision(conn: Any, record: ApprovalRecord) -> tuple[ApprovalRecord, bool]:
+    """Insert the decision unless one exists; return the recorded one and whether it is ours."""
+    existing = recorded_decision(conn, record.refund_id)
+    if existing is not None:
+        return existing, False
+    conn.execute(
+        approval_decisions.insert().values(
+            refund_id=record.refund_id,
+            decision=record.decision,
+            approver=record.approver,
+            amount_minor=to_minor(record.amount, record.currency),
+            currency=record.currency,
+            decided_at=record.decided_at,
+            note=record.note,
+        )
+    )
+    audit.append(
+        conn, refund_id=record.refund_id, event="approval_decided", payload=record.model_dump(), now=record.decided_at
+    )
+    return record, True
+
+
+def record_decision(record: ApprovalRecord) -> tuple[ApprovalRecord, bool]:
+    """First writer wins: concurrent callers serialize on the primary key and all see one decision."""
+    for _ in range(5):
+        try:
+            with app_db().engine.begin() as conn:
+                return _claim_decision(conn, record)
+        except sa.exc.IntegrityError:
+            continue  # lost the race to a concurrent writer: read its decision
+    raise RuntimeError(f"could not record a decision for {record.refund_id}")
+
+
+@transaction("refunds.settle_approval")
+def settle_approval_step(refund_id: str, *, amount: Decimal, currency: str) -> ApprovalRecord:
+    """The decision that stands: a person's if one was recorded, else an expiry recorded now."""
+    now = datetime.now(UTC)
+    expired = ApprovalRecord(
+        refund_id=refund_id, decision="expired", approver="system", amount=amount, currency=currency,
+        decided_at=now, note="no decision before the approval deadline",
+    )
+    record, _ = _claim_decision(session(), expired)
+    return record
+
+
+@transaction("refunds.prepare_payment")
+def prepare_payment_step(refund_id: str, order_id: str) -> PaymentPlan:
+    """Re-read the order right before paying and stamp the first payment attempt (kept across retries)."""
+    now = datetime.now(UTC)
+    row = session().execute(ORDER_QUERY.where(orders.c.order_id == order_id)).first()
+    started = session().execute(
+        sa.select(refunds.c.payment_started_at).where(refunds.c.refund_id == refund_id)
+    ).scalar_one()
+    first = utc(started) if started else now
+    _touch(refund_id, now, status="paying", payment_started_at=first)
+    snapshot = OrderSnapshot(order=order_from_row(row), as_of=now) if row else None
+    return PaymentPlan(snapshot=snapshot, first_attempt_at=first)
+
+
+@transaction("refunds.record_payment")
+def record_payment_step(refund_id: str, order_id: str, payment: ProviderRefund) -> None:
+    now = datetime.now(UTC)
+    minor = to_minor(payment.amount, payment.currency)
+    session().execute(
+        orders.update()
+        .where(orders.c.order_id == order_id)
+        .values(amount_refunded_minor=orders.c.amount_refunded_minor + minor)
+    )
+    _touch(
+        refund_id, now, status="completed", provider_refund_id=payment.provider_refund_id,
+        idempotency_key=payment.idempotency_key,
+    )
+    audit.append(session(), refund_id=refund_id, event="refund_paid", payload=payment.model_dump(), now=now)
+
+
+@transaction("refunds.record_outcome")
+def record_outcome_step(
+    refund_id: str, *, status: Literal["rejected", "failed", "cancelled"], detail: str
+) -> None:
+    now = datetime.now(UTC)
+    _touch(refund_id, now, status=status)
+    audit.append(session(), refund_id=refund_id, event=f"refund_{status}", payload={"detail": detail}, now=now)

@@ -1,0 +1,178 @@
+"""The application database: schema, engines and the DBOS datasource its steps write through."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import wraps
+from typing import Any, ParamSpec, TypeVar
+
+import sqlalchemy as sa
+from dbos import SQLAlchemyDatasource
+from sqlalchemy.orm import Session
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+metadata = sa.MetaData()
+
+customers = sa.Table(
+    "customers",
+    metadata,
+    sa.Column("customer_id", sa.String(64), primary_key=True),
+    sa.Column("name", sa.String(200), nullable=False),
+    sa.Column("email", sa.String(320), nullable=False),
+)
+
+orders = sa.Table(
+    "orders",
+    metadata,
+    sa.Column("order_id", sa.String(64), primary_key=True),
+    sa.Column("customer_id", sa.String(64), sa.ForeignKey("customers.customer_id"), nullable=False),
+    sa.Column("currency", sa.String(3), nullable=False),
+    sa.Column("amount_captured_minor", sa.BigInteger, nullable=False),
+    sa.Column("amount_refunded_minor", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("paid_at", sa.DateTime(timezone=True)),
+    sa.Column("charge_id", sa.String(64), nullable=False),
+    sa.Column("items", sa.JSON, nullable=False),
+    sa.Column("notes", sa.Text, nullable=False, server_default=""),
+)
+
+refunds = sa.Table(
+    "refunds",
+    metadata,
+    sa.Column("refund_id", sa.String(200), primary_key=True),  # = workflow id = Idempotency-Key
+    sa.Column("order_id", sa.String(64), nullable=False, index=True),
+    sa.Column("request_hash", sa.String(64), nullable=False),
+    sa.Column("currency", sa.String(3), nullable=False),
+    sa.Column("requested_amount_minor", sa.BigInteger),
+    sa.Column("status", sa.String(32), nullable=False),
+    sa.Column("proposed_amount_minor", sa.BigInteger),
+    sa.Column("verdict", sa.String(32)),
+    sa.Column("reason", sa.Text),
+    sa.Column("customer_reply", sa.Text),
+    sa.Column("model", sa.String(200)),
+    sa.Column("provider_refund_id", sa.String(64)),
+    sa.Column("idempotency_key", sa.String(300)),
+    sa.Column("payment_started_at", sa.DateTime(timezone=True)),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+approval_decisions = sa.Table(
+    "approval_decisions",
+    metadata,
+    sa.Column("refund_id", sa.String(200), primary_key=True),  # one decision per refund: first wins
+    sa.Column("decision", sa.String(16), nullable=False),
+    sa.Column("approver", sa.String(200), nullable=False),
+    sa.Column("amount_minor", sa.BigInteger, nullable=False),
+    sa.Column("currency", sa.String(3), nullable=False),
+    sa.Column("decided_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("note", sa.Text, nullable=False, server_default=""),
+)
+
+audit_log = sa.Table(
+    "audit_log",
+    metadata,
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("refund_id", sa.String(200), nullable=False, index=True),
+    sa.Column("event", sa.String(64), nullable=False),
+    sa.Column("payload", sa.Text, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("prev_hash", sa.String(64), nullable=False),
+    sa.Column("hash", sa.String(64), nullable=False, unique=True),
+)
+
+outbox = sa.Table(
+    "outbox",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("message_key", sa.String(300), nullable=False, unique=True),
+    sa.Column("refund_id", sa.String(200), nullable=False, index=True),
+    sa.Column("channel", sa.String(32), nullable=False),
+    sa.Column("recipient", sa.String(320), nullable=False),
+    sa.Column("body", sa.Text, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+
+def utc(value: datetime) -> datetime:
+    """SQLite hands timestamps back naive; everything here is stored in UTC."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def normalize_url(url: str) -> str:
+    """Use psycopg 3 for plain ``postgresql://`` URLs (the driver DBOS itself uses)."""
+    if url.startswith(("postgresql://", "postgres://")):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def create_engine(url: str, **kwargs: Any) -> sa.Engine:
+    """An engine with the settings DBOS expects; SQLite also gets WAL and synchronous=NORMAL."""
+    url = normalize_url(url)
+    if not url.startswith("sqlite"):
+        return sa.create_engine(url, pool_pre_ping=False, **kwargs)
+    engine = sa.create_engine(url, **kwargs)
+
+    @sa.event.listens_for(engine, "connect")
+    def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+        # Mirrors DBOS's own SQLite set-up, which a custom engine bypasses.
+        dbapi_conn.isolation_level = "IMMEDIATE"
+        dbapi_conn.execute("PRAGMA busy_timeout=30000")
+        dbapi_conn.execute("PRAGMA foreign_keys=ON")
+        dbapi_conn.execute("PRAGMA journal_mode=WAL")
+        dbapi_conn.execute("PRAGMA synchronous=NORMAL")
+
+    return engine
+
+
+@dataclass
+class AppDatabase:
+    url: str
+    engine: sa.Engine
+    datasource: SQLAlchemyDatasource
+
+
+_current: AppDatabase | None = None
+
+
+def open_app_database(url: str) -> AppDatabase:
+    """Connect the application database and its DBOS datasource (called by the runtime, once)."""
+    global _current
+    engine = create_engine(url)
+    _current = AppDatabase(url, engine, SQLAlchemyDatasource.create(normalize_url(url), engine=engine))
+    return _current
+
+
+def close_app_database() -> None:
+    global _current
+    if _current is not None:
+        _current.engine.dispose()
+    _current = None
+
+
+def app_db() -> AppDatabase:
+    if _current is None:
+        raise RuntimeError("the application database is not open; call runtime.start() first")
+    return _current
+
+
+def session() -> Session:
+    """The session of the datasource transaction in progress."""
+    return app_db().datasource.sql_session()
+
+
+def transaction(name: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """A DBOS datasource transaction: the write and its checkpoint commit together, exactly once."""
+
+    def decorator(func: Callable[P, R]) -> Callable[P, R]:
+        @wraps(func)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            return app_db().datasource.run_tx_step({"name": name}, func, *args, **kwargs)
+
+        return wrapper
+
+    return decorator

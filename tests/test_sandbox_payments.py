@@ -1,0 +1,360 @@
+"""Behaviour of the local Stripe-compatible refunds sandbox, driven over HTTP (stripe SDK + httpx)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+import sqlalchemy as sa
+import stripe
+import uvicorn
+from psycopg import sql
+
+from sandbox import ledger as ledger_module
+from sandbox.ledger import Claimed, Ledger
+from sandbox.payments import create_app
+
+POSTGRES_ENV = "REFUND_AGENT_TEST_POSTGRES_URL"
+API_KEY = "sk_test_sandbox"
+
+
+@dataclass
+class Sandbox:
+    base_url: str
+    database_url: str
+    app: Any
+
+    def stripe(self, api_key: str = API_KEY, retries: int = 0) -> stripe.StripeClient:
+        return stripe.StripeClient(api_key, base_addresses={"api": self.base_url}, max_network_retries=retries)
+
+    def http(self, api_key: str | None = API_KEY) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        return httpx.Client(base_url=self.base_url, headers=headers, timeout=30)
+
+    def set_faults(self, **faults: Any) -> None:
+        with self.http() as client:
+            client.put("/_sandbox/faults", json=faults).raise_for_status()
+
+    def stats(self) -> dict[str, int]:
+        with self.http() as client:
+            response = client.get("/_sandbox/stats")
+            response.raise_for_status()
+            return dict(response.json())
+
+    def refunds_for(self, charge: str) -> int:
+        return int(self.app.state.ledger.count_refunds(charge=charge))
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _serve(app: Any) -> tuple[str, Callable[[], None]]:
+    # A pre-bound socket on port 0 avoids the pick-a-free-port race.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    base_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            if httpx.get(f"{base_url}/_sandbox/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("sandbox server did not become healthy")
+        time.sleep(0.02)
+
+    def stop() -> None:
+        server.should_exit = True
+        thread.join(timeout=15)
+        sock.close()
+
+    return base_url, stop
+
+
+@pytest.fixture(scope="session")
+def postgres_database() -> Iterator[str]:
+    server_url = os.environ.get(POSTGRES_ENV)
+    if not server_url:
+        pytest.skip(f"{POSTGRES_ENV} is not set")
+    url = sa.make_url(server_url)
+    name = f"refund_agent_sandbox_test_{secrets.token_hex(4)}"
+    conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    yield url.set(database=name).render_as_string(hide_password=False)
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'sandbox.db'}"
+    url: str = request.getfixturevalue("postgres_database")
+    ledger = Ledger(url)  # one database per session, so empty it for each test
+    ledger.create_tables()
+    with ledger.engine.begin() as conn:
+        for table in reversed(ledger_module.metadata.sorted_tables):
+            conn.execute(table.delete())
+    ledger.close()
+    return url
+
+
+@pytest.fixture
+def start_sandbox(database_url: str) -> Iterator[Callable[..., Sandbox]]:
+    stoppers: list[Callable[[], None]] = []
+
+    def start(**options: Any) -> Sandbox:
+        app = create_app(database_url=database_url, **({"api_key": API_KEY} | options))
+        base_url, stop = _serve(app)
+        stoppers.append(stop)
+        return Sandbox(base_url, database_url, app)
+
+    yield start
+    for stop in reversed(stoppers):
+        stop()
+
+
+@pytest.fixture
+def sandbox(start_sandbox: Callable[..., Sandbox]) -> Sandbox:
+    return start_sandbox()
+
+
+def _charge() -> str:
+    return f"ch_{secrets.token_hex(6)}"
+
+
+def test_create_retrieve_and_list_with_the_stripe_sdk(sandbox: Sandbox) -> None:
+    client, charge = sandbox.stripe(), _charge()
+    params: Any = {"charge": charge, "amount": 1250, "reason": "requested_by_customer", "metadata": {"case": "c1"}}
+    refund = client.v1.refunds.create(params=params)
+    assert refund.id.startswith("re_") and refund.object == "refund"
+    assert (refund.amount, refund.currency, refund.charge, refund.status) == (1250, "usd", charge, "succeeded")
+    assert refund.metadata.to_dict() == {"case": "c1"} and refund.reason == "requested_by_customer"
+    assert isinstance(refund.created, int)
+    assert client.v1.refunds.retrieve(refund.id).to_dict() == refund.to_dict()
+    listed = client.v1.refunds.list(params={"charge": charge})
+    assert [r.id for r in listed.data] == [refund.id] and listed.has_more is False
+
+
+def test_same_key_same_params_replays_first_refund(sandbox: Sandbox) -> None:
+    client, charge = sandbox.stripe(), _charge()
+    params: Any = {"charge": charge, "amount": 500, "currency": "EUR"}
+    first = client.v1.refunds.create(params=params, options={"idempotency_key": "k-replay"})
+    second = client.v1.refunds.create(params=params, options={"idempotency_key": "k-replay"})
+    assert second.id == first.id and second.currency == "eur"
+    assert first.last_response is not None and second.last_response is not None
+    assert "idempotent-replayed" not in first.last_response.headers
+    assert second.last_response.headers["idempotent-replayed"] == "true"
+    assert second.last_response.body == first.last_response.body  # byte-for-byte replay
+    assert second.last_response.idempotency_key == "k-replay"
+    assert sandbox.refunds_for(charge) == 1
+    assert sandbox.stats() == {"create_requests": 2, "refunds_applied": 1, "replays": 1, "faults_injected": 0}
+
+
+def test_same_key_different_params_is_idempotency_error(sandbox: Sandbox) -> None:
+    client, charge = sandbox.stripe(), _charge()
+    client.v1.refunds.create(params={"charge": charge, "amount": 500}, options={"idempotency_key": "k-diff"})
+    with pytest.raises(stripe.IdempotencyError) as raised:
+        client.v1.refunds.create(params={"charge": charge, "amount": 501}, options={"idempotency_key": "k-diff"})
+    assert raised.value.http_status == 400
+    assert sandbox.refunds_for(charge) == 1
+
+
+def test_concurrent_same_key_gets_409_or_replay_and_one_refund(sandbox: Sandbox) -> None:
+    charge, barrier = _charge(), threading.Barrier(10)
+
+    def attempt(_: int) -> tuple[int, dict[str, Any]]:
+        with sandbox.http() as client:
+            barrier.wait()
+            response = client.post("/v1/refunds", data={"charge": charge, "amount": "700"},
+                                   headers={"Idempotency-Key": "k-race"})  # fmt: skip
+            return response.status_code, response.json()
+
+    with ThreadPoolExecutor(max_workers=10) as pool:
+        results = list(pool.map(attempt, range(10)))
+    ok_ids = {body["id"] for status, body in results if status == 200}
+    conflicts = [body for status, body in results if status == 409]
+    assert len(ok_ids) == 1 and len(conflicts) + sum(status == 200 for status, _ in results) == 10
+    assert all(body["error"]["type"] == "idempotency_error" for body in conflicts)
+    assert sandbox.refunds_for(charge) == 1
+
+
+def test_in_flight_key_is_409_until_the_claim_goes_stale(start_sandbox: Callable[..., Sandbox]) -> None:
+    clock = FakeClock()
+    sandbox = start_sandbox(clock=clock, in_flight_timeout_seconds=30)
+    charge = _charge()
+    # Another process claimed the key and then died before applying anything.
+    other = Ledger(sandbox.database_url)
+    claim = other.claim_key("k-stuck", "someone-else", now=clock(), ttl_seconds=86400, stale_after_seconds=30)
+    assert isinstance(claim, Claimed)
+    client = sandbox.stripe()
+    with pytest.raises(stripe.APIError) as raised:
+        client.v1.refunds.create(params={"charge": charge, "amount": 100}, options={"idempotency_key": "k-stuck"})
+    assert raised.value.http_status == 409
+    assert raised.value.json_body["error"]["code"] == "idempotency_key_in_use"  # APIError drops .code
+    clock.now += 31
+    refund = client.v1.refunds.create(params={"charge": charge, "amount": 100}, options={"idempotency_key": "k-stuck"})
+    # The dead holder can no longer commit under its stale claim.
+    assert other.apply_refund(refund_for_charge(charge), claim=("k-stuck", claim.token), response_status=200,
+                              response_body="{}") is False  # fmt: skip
+    other.close()
+    assert sandbox.refunds_for(charge) == 1 and refund.charge == charge
+
+
+def refund_for_charge(charge: str) -> ledger_module.Refund:
+    return ledger_module.Refund(f"re_{secrets.token_hex(4)}", charge, 100, "usd", None, {}, int(time.time()))
+
+
+def test_expired_key_creates_new_refund(start_sandbox: Callable[..., Sandbox]) -> None:
+    sandbox = start_sandbox(key_ttl_seconds=0.3)
+    client, charge = sandbox.stripe(), _charge()
+    params: Any = {"charge": charge, "amount": 900}
+    first = client.v1.refunds.create(params=params, options={"idempotency_key": "k-ttl"})
+    time.sleep(0.35)  # the key was claimed before `first` returned, so it is now past its TTL
+    second = client.v1.refunds.create(params=params, options={"idempotency_key": "k-ttl"})
+    assert second.id != first.id
+    assert second.last_response is not None and "idempotent-replayed" not in second.last_response.headers
+    assert sandbox.refunds_for(charge) == 2
+
+
+def test_dropped_response_applies_refund_and_retry_replays_it(sandbox: Sandbox) -> None:
+    client, charge = sandbox.stripe(), _charge()
+    sandbox.set_faults(drop_next=1)
+    params: Any = {"charge": charge, "amount": 300}
+    with pytest.raises(stripe.APIError) as raised:
+        client.v1.refunds.create(params=params, options={"idempotency_key": "k-drop"})
+    assert raised.value.http_status == 500
+    assert sandbox.refunds_for(charge) == 1  # the client saw a failure, but the money moved
+    retried = client.v1.refunds.create(params=params, options={"idempotency_key": "k-drop"})
+    assert retried.last_response is not None and retried.last_response.headers["idempotent-replayed"] == "true"
+    assert client.v1.refunds.list(params={"charge": charge}).data[0].id == retried.id
+    assert sandbox.stats() == {"create_requests": 2, "refunds_applied": 1, "replays": 1, "faults_injected": 1}
+
+
+def test_sdk_network_retries_recover_a_dropped_response_by_replay(sandbox: Sandbox) -> None:
+    client, charge = sandbox.stripe(retries=2), _charge()
+    sandbox.set_faults(drop_next=1)
+    refund = client.v1.refunds.create(params={"charge": charge, "amount": 42})  # the SDK picks the key
+    assert refund.last_response is not None and refund.last_response.headers["idempotent-replayed"] == "true"
+    assert sandbox.refunds_for(charge) == 1
+
+
+def test_injected_failure_applies_nothing_and_key_is_reusable(sandbox: Sandbox) -> None:
+    client, charge = sandbox.stripe(), _charge()
+    sandbox.set_faults(fail_next=1)
+    params: Any = {"charge": charge, "amount": 250}
+    with pytest.raises(stripe.APIError) as raised:
+        client.v1.refunds.create(params=params, options={"idempotency_key": "k-fail"})
+    assert raised.value.http_status == 500 and sandbox.refunds_for(charge) == 0
+    refund = client.v1.refunds.create(params=params, options={"idempotency_key": "k-fail"})
+    assert refund.last_response is not None and "idempotent-replayed" not in refund.last_response.headers
+    assert sandbox.refunds_for(charge) == 1
+    assert sandbox.stats() == {"create_requests": 2, "refunds_applied": 1, "replays": 0, "faults_injected": 1}
+
+
+def test_seeded_fail_rate_is_reproducible(sandbox: Sandbox) -> None:
+    def outcomes() -> list[int]:
+        sandbox.set_faults(fail_rate=0.5, seed=7)
+        with sandbox.http() as client:
+            return [client.post("/v1/refunds", data={"charge": _charge(), "amount": "1"}).status_code
+                    for _ in range(12)]  # fmt: skip
+
+    first = outcomes()
+    assert first == outcomes() and {200, 500} == set(first)
+
+
+def test_list_filters_by_charge_and_metadata(sandbox: Sandbox) -> None:
+    client, charge, other = sandbox.stripe(), _charge(), _charge()
+    made = [
+        client.v1.refunds.create(params={"charge": charge, "amount": 10 + i, "metadata": {"batch": str(i % 2)}})
+        for i in range(5)
+    ]
+    client.v1.refunds.create(params={"charge": other, "amount": 99, "metadata": {"batch": "1"}})
+    newest_first = [r.id for r in reversed(made)]
+    page = client.v1.refunds.list(params={"charge": charge, "limit": 2})
+    assert [r.id for r in page.data] == newest_first[:2] and page.has_more is True
+    rest = client.v1.refunds.list(params={"charge": charge, "starting_after": page.data[-1].id})
+    assert [r.id for r in rest.data] == newest_first[2:] and rest.has_more is False
+    assert [r.id for r in page.auto_paging_iter()] == newest_first
+    with sandbox.http() as http:
+        body = http.get("/v1/refunds", params={"charge": charge, "metadata[batch]": "1"}).json()
+        assert body["object"] == "list" and body["url"] == "/v1/refunds"
+        assert [r["id"] for r in body["data"]] == [made[3].id, made[1].id]
+        everywhere = http.get("/v1/refunds", params={"metadata[batch]": "1", "limit": 100}).json()["data"]
+        assert {r["charge"] for r in everywhere} == {charge, other}
+        assert http.get("/v1/refunds", params={"limit": 101}).json()["error"]["param"] == "limit"
+
+
+def test_wrong_api_key_is_401(sandbox: Sandbox) -> None:
+    with pytest.raises(stripe.AuthenticationError):
+        sandbox.stripe(api_key="sk_test_wrong").v1.refunds.list()
+    with sandbox.http(api_key=None) as anonymous:
+        response = anonymous.get("/v1/refunds")
+        assert response.status_code == 401 and response.json()["error"]["type"] == "invalid_request_error"
+        assert anonymous.get("/_sandbox/stats").status_code == 401
+        assert anonymous.get("/_sandbox/healthz").json() == {"ok": True}
+        assert anonymous.get("/v1/refunds", auth=(API_KEY, "")).status_code == 200  # basic auth, key as user
+
+
+def test_any_key_is_accepted_when_none_is_configured(start_sandbox: Callable[..., Sandbox]) -> None:
+    sandbox = start_sandbox(api_key=None)
+    assert sandbox.stripe(api_key="sk_test_anything").v1.refunds.list().data == []
+    with sandbox.http(api_key=None) as anonymous:
+        assert anonymous.get("/v1/refunds").status_code == 401
+
+
+def test_invalid_params_are_400_and_do_not_burn_the_key(sandbox: Sandbox) -> None:
+    charge = _charge()
+    bad = [({"amount": "5"}, "charge"), ({"charge": charge}, "amount"), ({"charge": charge, "amount": "0"}, "amount"),
+           ({"charge": charge, "amount": "1.5"}, "amount"), ({"charge": charge, "amount": "5", "foo": "x"}, "foo"),
+           ({"charge": charge, "amount": "5", "reason": "because"}, "reason")]  # fmt: skip
+    with sandbox.http() as http:
+        for data, param in bad:
+            response = http.post("/v1/refunds", data=data, headers={"Idempotency-Key": "k-bad"})
+            assert response.status_code == 400, data
+            assert response.json()["error"] | {"message": ""} == {
+                "type": "invalid_request_error", "param": param, "message": "", "code": response.json()["error"]["code"]
+            }  # fmt: skip
+        ok = http.post("/v1/refunds", data={"charge": charge, "amount": "5"}, headers={"Idempotency-Key": "k-bad"})
+        assert ok.status_code == 200 and "idempotent-replayed" not in ok.headers
+    with pytest.raises(stripe.InvalidRequestError) as raised:
+        sandbox.stripe().v1.refunds.retrieve("re_missing")
+    assert raised.value.http_status == 404 and raised.value.code == "resource_missing"
+
+
+def test_processes_sharing_a_database_share_keys_and_stats(start_sandbox: Callable[..., Sandbox]) -> None:
+    first, second = start_sandbox(), start_sandbox()
+    charge, params = _charge(), {"charge": _charge(), "amount": 77}
+    params["charge"] = charge
+    made = first.stripe().v1.refunds.create(params=params, options={"idempotency_key": "k-shared"})  # type: ignore[arg-type]
+    replayed = second.stripe().v1.refunds.create(params=params, options={"idempotency_key": "k-shared"})  # type: ignore[arg-type]
+    assert replayed.id == made.id
+    assert first.stats() == second.stats() == {
+        "create_requests": 2, "refunds_applied": 1, "replays": 1, "faults_injected": 0
+    }  # fmt: skip
+
+
+def test_faults_endpoint_rejects_invalid_settings(sandbox: Sandbox) -> None:
+    with sandbox.http() as http:
+        assert http.put("/_sandbox/faults", json={"fail_rate": 2}).status_code in (400, 422)
+        assert http.put("/_sandbox/faults", json={"latency_ms": 5}).json()["latency_ms"] == 5
