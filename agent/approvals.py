@@ -92,6 +92,8 @@ def decide(
         raise ApprovalError("invalid", "an approver name is required")
     with app_db().engine.connect() as conn:
         existing = recorded_decision(conn, refund_id)
+    if existing is not None and existing.decision == "expired":
+        raise ApprovalError("expired", f"the approval window for refund {refund_id} has closed", existing)
     if existing is not None:
         return _resend(client, existing, first=False)
     request = pending_request(client, refund_id)

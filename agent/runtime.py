@@ -30,6 +30,7 @@ class Runtime:
 
 
 _runtime: Runtime | None = None
+_agents: dict[str, Agent[Any, Any]] = {}  # one per model per process: DBOS step names are global
 
 
 def current() -> Runtime:
@@ -102,7 +103,7 @@ def start(settings: Settings | None = None, *, worker: bool = True, migrate: boo
     if migrate:
         migrate_databases(settings)
     model, label = select_model(settings)
-    agent = build_agent(model)
+    agent = _agents.get(label) or _agents.setdefault(label, build_agent(model))
     importlib.import_module("agent.workflow")  # registers the workflow before launch, for recovery
     DBOS(config=dbos_config(settings))
     open_app_database(settings.app_database_url)

@@ -177,8 +177,9 @@ class Ledger:
         keys = idempotency_keys
         for _ in range(10):  # the row may be released between our insert attempt and our read: retry
             with self.engine.begin() as conn:
-                inserted = conn.execute(self._insert(keys).values(key=key, **fresh).on_conflict_do_nothing())
-                if inserted.rowcount == 1:
+                # RETURNING, not rowcount: SQLAlchemy only guarantees rowcount for UPDATE/DELETE.
+                insert = self._insert(keys).values(key=key, **fresh).on_conflict_do_nothing()
+                if conn.execute(insert.returning(keys.c.key)).first() is not None:
                     return Claimed(token)
                 row = conn.execute(sa.select(keys).where(keys.c.key == key)).one_or_none()
                 if row is None:

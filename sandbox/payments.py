@@ -46,6 +46,8 @@ _CONFLICTS: dict[str, tuple[int, str, str | None]] = {  # Conflict.reason -> (st
 
 @dataclasses.dataclass
 class Faults:
+    """Fault knobs for POST /v1/refunds; held per process (PUT /_sandbox/faults replaces them)."""
+
     fail_rate: float = 0.0  # probability of a 500 before anything is applied
     latency_ms: int = 0  # sleep before handling each create
     drop_response_rate: float = 0.0  # probability of applying, then answering 500 "response lost"
@@ -178,7 +180,7 @@ def _presented_key(request: Request) -> str | None:
 
 async def _form_pairs(request: Request) -> list[tuple[str, str]]:
     # Parsed by hand so the service does not need python-multipart for Stripe's form encoding.
-    return parse_qsl((await request.body()).decode(), keep_blank_values=True)
+    return parse_qsl((await request.body()).decode(errors="replace"), keep_blank_values=True)
 
 
 def create_app(

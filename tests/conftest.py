@@ -1,0 +1,177 @@
+"""Fixtures: real databases (SQLite files and fresh Postgres databases), a real sandbox, real DBOS."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pydantic_ai.models
+import pytest
+import sqlalchemy as sa
+import uvicorn
+
+from agent import runtime
+from agent.processes import free_port
+from agent.settings import Settings
+from sandbox.payments import create_app
+from steps.seed import seed
+from steps.store import app_db, create_engine
+
+pydantic_ai.models.ALLOW_MODEL_REQUESTS = False
+
+#: Postgres server for the Postgres half of the suite; "off" runs SQLite only (never silently skipped).
+PG_SERVER = os.environ.get("REFUND_AGENT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+BACKENDS = ["sqlite"] + ([] if PG_SERVER.lower() in ("", "off") else ["postgres"])
+API_KEY = "sk_test_suite"
+
+
+def _pg_admin_url() -> str:
+    return PG_SERVER.replace("postgresql+psycopg://", "postgresql://")
+
+
+@dataclass
+class Databases:
+    system_url: str
+    app_url: str
+    cleanup: list[str]
+
+
+def make_databases(backend: str, tmp_path: Path) -> Databases:
+    if backend == "sqlite":
+        return Databases(f"sqlite:///{tmp_path}/system.sqlite", f"sqlite:///{tmp_path}/app.sqlite", [])
+    base = f"ra_test_{secrets.token_hex(4)}"
+    names = [f"{base}_sys", f"{base}_app"]
+    with psycopg.connect(_pg_admin_url(), autocommit=True) as conn:
+        for name in names:
+            conn.execute(f'CREATE DATABASE "{name}"')
+    server = _pg_admin_url().rsplit("/", 1)[0]
+    return Databases(f"{server}/{names[0]}", f"{server}/{names[1]}", names)
+
+
+def drop_databases(dbs: Databases) -> None:
+    if not dbs.cleanup:
+        return
+    with psycopg.connect(_pg_admin_url(), autocommit=True) as conn:
+        for name in dbs.cleanup:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+class SandboxServer:
+    """The payments sandbox under uvicorn in a thread: it outlives any worker process a test kills."""
+
+    def __init__(self, database_url: str, **kwargs: Any) -> None:
+        self.port = free_port()
+        app = create_app(database_url=database_url, api_key=API_KEY, **kwargs)
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert time.monotonic() < deadline, "sandbox did not start"
+            time.sleep(0.02)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _get(self, path: str, **params: Any) -> Any:
+        response = httpx.get(self.base_url + path, params=params, headers={"Authorization": f"Bearer {API_KEY}"})
+        response.raise_for_status()
+        return response.json()
+
+    def refunds(self, charge: str | None = None) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"limit": 100}
+        if charge:
+            params["charge"] = charge
+        return list(self._get("/v1/refunds", **params)["data"])
+
+    def stats(self) -> dict[str, int]:
+        return dict(self._get("/_sandbox/stats"))
+
+    def set_faults(self, **faults: Any) -> None:
+        httpx.put(
+            self.base_url + "/_sandbox/faults", json=faults, headers={"Authorization": f"Bearer {API_KEY}"}
+        ).raise_for_status()
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@dataclass
+class Env:
+    """Everything one test's service needs: databases, data dir, sandbox, and settings to share."""
+
+    backend: str
+    dbs: Databases
+    data_dir: Path
+    sandbox: SandboxServer
+
+    def settings(self, **overrides: Any) -> Settings:
+        values: dict[str, Any] = {
+            "refund_agent_data_dir": self.data_dir,
+            "dbos_system_database_url": self.dbs.system_url,
+            "database_url": self.dbs.app_url,
+            "payments_api_base": self.sandbox.base_url,
+            "payments_api_key": API_KEY,
+            "refund_agent_executor_id": "test-executor",
+            "queue_polling_interval_seconds": 0.1,
+            "notification_polling_interval_seconds": 0.1,
+        }
+        values.update(overrides)
+        return Settings(**values)
+
+    def env_vars(self, **overrides: str) -> dict[str, str]:
+        """The same configuration as environment variables, for worker subprocesses."""
+        env = {
+            "REFUND_AGENT_DATA_DIR": str(self.data_dir),
+            "DBOS_SYSTEM_DATABASE_URL": self.dbs.system_url,
+            "DATABASE_URL": self.dbs.app_url,
+            "PAYMENTS_API_BASE": self.sandbox.base_url,
+            "PAYMENTS_API_KEY": API_KEY,
+            "REFUND_AGENT_EXECUTOR_ID": "test-worker",
+            "QUEUE_POLLING_INTERVAL_SECONDS": "0.1",
+            "NOTIFICATION_POLLING_INTERVAL_SECONDS": "0.1",
+        }
+        env.update(overrides)
+        return env
+
+    def app_engine(self) -> sa.Engine:
+        return create_engine(self.dbs.app_url)
+
+
+@pytest.fixture(params=BACKENDS)
+def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
+    dbs = make_databases(request.param, tmp_path)
+    sandbox = SandboxServer(f"sqlite:///{tmp_path}/sandbox.sqlite")
+    try:
+        yield Env(request.param, dbs, tmp_path / "data", sandbox)
+    finally:
+        sandbox.close()
+        drop_databases(dbs)
+
+
+@pytest.fixture
+def service(env: Env) -> Iterator[runtime.Runtime]:
+    """DBOS launched in this process against the test's databases, with the demo orders seeded."""
+    rt = runtime.start(env.settings())
+    seed(app_db().engine)
+    try:
+        yield rt
+    finally:
+        runtime.stop()
+
+
+@pytest.fixture
+def client(env: Env, service: runtime.Runtime) -> Iterator[Any]:
+    c = runtime.client(service.settings)
+    yield c
+    c.destroy()

@@ -1,0 +1,74 @@
+"""Policy is pure: a table of orders, amounts and times against the verdict they must get."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+
+from agent.policy import Limits, decide, refundable
+from steps.records import Order
+
+NOW = datetime(2026, 11, 1, tzinfo=UTC)
+LIMITS = Limits(
+    auto_approve=Decimal("100.00"),
+    absolute_cap=Decimal("10000.00"),
+    window_days=60,
+    auto_approve_by_currency={"JPY": Decimal("15000")},
+    absolute_cap_by_currency={"JPY": Decimal("1500000")},
+)
+
+
+def order(
+    *, captured: str = "500.00", refunded: str = "0", status: str = "paid", days: int = 5, currency: str = "USD"
+) -> Order:
+    return Order(
+        order_id="ord_x", customer_id="cus_x", customer_name="X", currency=currency,
+        amount_captured=Decimal(captured), amount_refunded=Decimal(refunded), status=status,  # type: ignore[arg-type]
+        paid_at=NOW - timedelta(days=days), charge_id="ch_x", items=["thing"],
+    )
+
+
+CASES = [
+    # (description, order kwargs, amount, currency, expected kind)
+    ("small refund is paid at once", {}, "42.00", "USD", "auto_approve"),
+    ("exactly the auto-approve limit is paid at once", {}, "100.00", "USD", "auto_approve"),
+    ("one cent over the limit needs a person", {}, "100.01", "USD", "needs_approval"),
+    ("full refund of a big order needs a person", {"captured": "4200.00"}, "4200.00", "USD", "needs_approval"),
+    ("above the absolute cap is refused", {"captured": "12000.00"}, "10000.01", "USD", "refuse"),
+    ("more than captured is refused", {}, "500.01", "USD", "refuse"),
+    ("more than captured minus refunded is refused", {"refunded": "450.00"}, "60.00", "USD", "refuse"),
+    ("the rest of a partly refunded order is allowed", {"refunded": "450.00"}, "50.00", "USD", "auto_approve"),
+    ("disputed orders are refused", {"status": "disputed"}, "10.00", "USD", "refuse"),
+    ("unpaid orders are refused", {"status": "unpaid"}, "10.00", "USD", "refuse"),
+    ("outside the window is refused", {"days": 61}, "10.00", "USD", "refuse"),
+    ("last day of the window is allowed", {"days": 60}, "10.00", "USD", "auto_approve"),
+    ("wrong currency is refused", {}, "10.00", "EUR", "refuse"),
+    ("zero is refused", {}, "0", "USD", "refuse"),
+    ("sub-cent amounts are refused", {}, "10.001", "USD", "refuse"),
+    ("fractional yen is refused", {"currency": "JPY", "captured": "20000"}, "100.5", "JPY", "refuse"),
+    ("per-currency limit: 15000 JPY is paid at once", {"currency": "JPY", "captured": "20000"}, "15000", "JPY",
+     "auto_approve"),
+    ("per-currency limit: 15001 JPY needs a person", {"currency": "JPY", "captured": "20000"}, "15001", "JPY",
+     "needs_approval"),
+    ("fully refunded order is refused", {"refunded": "500.00"}, "1.00", "USD", "refuse"),
+]
+
+
+@pytest.mark.parametrize(("description", "kwargs", "amount", "currency", "expected"), CASES, ids=[c[0] for c in CASES])
+def test_policy_table(description: str, kwargs: dict[str, str], amount: str, currency: str, expected: str) -> None:
+    verdict = decide(amount=Decimal(amount), currency=currency, order=order(**kwargs), as_of=NOW, limits=LIMITS)  # type: ignore[arg-type]
+    assert verdict.kind == expected, verdict.reasons
+    assert (verdict.kind == "refuse") == bool(verdict.reasons) or verdict.kind == "needs_approval"
+
+
+def test_refundable_is_zero_when_disputed_or_out_of_window() -> None:
+    assert refundable(order(status="disputed"), NOW, 60) == 0
+    assert refundable(order(days=90), NOW, 60) == 0
+    assert refundable(order(refunded="120.00"), NOW, 60) == Decimal("380.00")
+
+
+def test_refused_verdict_says_why() -> None:
+    verdict = decide(amount=Decimal("10.00"), currency="USD", order=order(status="disputed"), as_of=NOW, limits=LIMITS)
+    assert "disputed" in verdict.summary
