@@ -68,17 +68,17 @@ async def get_order(ctx: RunContext[AgentDeps], order_id: str) -> dict[str, Any]
     return _order_view(snapshot, ctx.deps.limits)
 
 
-async def get_refund_history(ctx: RunContext[AgentDeps]) -> list[dict[str, str]]:
+async def get_refund_history(ctx: RunContext[AgentDeps]) -> dict[str, Any]:
     """The customer's earlier refund requests (newest first)."""
     snapshot = load_order_step(ctx.deps.request.order_id)
     if snapshot is None:
-        return []
-    history = refund_history_step(snapshot.order.customer_id)
-    return [
+        return {"earlier_refunds": [], "count": 0}
+    history = [
         {"order_id": h.order_id, "amount": f"{h.amount} {h.currency}", "status": h.status}
-        for h in history
+        for h in refund_history_step(snapshot.order.customer_id)
         if h.refund_id != ctx.deps.refund_id
     ]
+    return {"earlier_refunds": history, "count": len(history)}
 
 
 async def request_refund(ctx: RunContext[AgentDeps], amount: Decimal) -> dict[str, Any]:

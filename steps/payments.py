@@ -103,6 +103,7 @@ def issue_refund_step(
         params={
             "charge": charge_id,
             "amount": to_minor(amount, currency),
+            "currency": currency.lower(),
             "metadata": {"refund_id": refund_id, "order_id": order_id, "idempotency_key": key},
         },
         options={"idempotency_key": key},

@@ -45,7 +45,8 @@ class ScriptedModel:
         for message in messages:
             for call in message.get("tool_calls") or []:
                 if call["id"] in calls:
-                    results[call["function"]["name"]] = json.loads(calls[call["id"]]["content"])
+                    content = calls[call["id"]]["content"]
+                    results[call["function"]["name"]] = json.loads(content) if content.startswith("{") else content
         output_tool = next(t["function"]["name"] for t in body.get("tools", []) if t["function"]["name"] not in OUR_TOOLS)
         if "get_order" not in results:
             return _call("get_order", {"order_id": order_id})
