@@ -108,7 +108,12 @@ def decide(
         raise ApprovalError("expired", f"the approval window for refund {refund_id} has closed")
     record, first = record_decision(
         ApprovalRecord(
-            refund_id=refund_id, decision=decision, approver=approver, amount=amount, currency=currency, decided_at=now
+            refund_id=refund_id,
+            decision=decision,
+            approver=approver,
+            amount=amount,
+            currency=currency,
+            decided_at=now,
         )
     )
     return _resend(client, record, first=first)

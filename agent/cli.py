@@ -89,7 +89,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
         amount = Decimal(args.amount) if args.amount else None
         request = RefundRequest(order_id=args.order_id, message=args.message, amount=amount, currency=args.currency)
         sub = submit_refund(
-            client, idempotency_key=args.key, request=request, app_version=get_settings().refund_agent_app_version
+            client,
+            idempotency_key=args.key,
+            request=request,
+            app_version=get_settings().refund_agent_app_version,
         )
     except (SubmissionError, ValueError, InvalidOperation) as error:
         print(f"refused: {error}", file=sys.stderr)
@@ -115,20 +118,26 @@ def cmd_decide(args: argparse.Namespace) -> int:
 
     client = _open()
     pending = approvals.pending_request(client, args.refund_id)
-    decision = "approve" if args.command == "approve" else "reject"
+    decision: approvals.Decision = "approve" if args.command == "approve" else "reject"
     try:
         if pending is None:
             raise approvals.ApprovalError("nothing_pending", f"refund {args.refund_id} is not waiting for approval")
         result = approvals.decide(
-            client, refund_id=args.refund_id, decision=decision, approver=args.approver,
-            amount=Decimal(pending["amount"]), currency=pending["currency"],
+            client,
+            refund_id=args.refund_id,
+            decision=decision,
+            approver=args.approver,
+            amount=Decimal(pending["amount"]),
+            currency=pending["currency"],
         )
     except approvals.ApprovalError as error:
         print(f"refused ({error.code}): {error}", file=sys.stderr)
         return 2
     record = result.record
-    print(f"{record.decision} by {record.approver} at {record.decided_at:%Y-%m-%d %H:%M:%S} UTC "
-          f"for {record.amount} {record.currency}" + ("" if result.first else " (recorded earlier; unchanged)"))
+    print(
+        f"{record.decision} by {record.approver} at {record.decided_at:%Y-%m-%d %H:%M:%S} UTC "
+        f"for {record.amount} {record.currency}" + ("" if result.first else " (recorded earlier; unchanged)")
+    )
     return 0 if record.decision == decision else 3
 
 

@@ -17,7 +17,7 @@ from agent.domain import RefundRequest
 from agent.processes import child_env, free_port, http_ok, spawn, stop, wait_for
 from agent.settings import Settings
 from agent.status import refund_status
-from agent.submit import submit_refund
+from agent.submit import Submission, submit_refund
 from steps import audit
 from steps.orders import get_order
 from steps.seed import seed
@@ -37,11 +37,16 @@ class Demo:
         self.dir.mkdir(parents=True)
         self.port = free_port()
         self.settings = Settings(
-            refund_agent_data_dir=self.dir, payments_sandbox_port=self.port, refund_agent_executor_id="demo-cli"
+            refund_agent_data_dir=self.dir,
+            payments_sandbox_port=self.port,
+            refund_agent_executor_id="demo-cli",
         )
         self.env = child_env(
-            {"REFUND_AGENT_DATA_DIR": str(self.dir), "PAYMENTS_SANDBOX_PORT": str(self.port),
-             "REFUND_AGENT_EXECUTOR_ID": EXECUTOR},
+            {
+                "REFUND_AGENT_DATA_DIR": str(self.dir),
+                "PAYMENTS_SANDBOX_PORT": str(self.port),
+                "REFUND_AGENT_EXECUTOR_ID": EXECUTOR,
+            },
             drop=EMBEDDED_ONLY,
         )
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -81,37 +86,66 @@ class Demo:
         worker = self.start(["worker"], "worker-1.log", REFUND_AGENT_CRASH_AT="after_provider_call")
         self.say(f"worker {EXECUTOR} started (pid {worker.pid}), armed to die after the provider applies the refund")
 
-        request = RefundRequest(order_id="ord_1002", message="The desk and both chairs arrived broken. I want my "
-                                "money back for the whole order.")
-        submit = lambda: submit_refund(  # noqa: E731
-            client, idempotency_key=REFUND_ID, request=request, app_version=self.settings.refund_agent_app_version
+        request = RefundRequest(
+            order_id="ord_1002",
+            message="The desk and both chairs arrived broken. I want my money back for the whole order.",
         )
+
+        def submit() -> Submission:
+            return submit_refund(
+                client, idempotency_key=REFUND_ID, request=request, app_version=self.settings.refund_agent_app_version
+            )
+
         first, again = submit(), submit()
         self.say(f"submitted refund {REFUND_ID} for order ord_1002 (4,200.00 USD captured)")
-        self.check("same idempotency key submitted twice -> one refund id", first.refund_id == again.refund_id
-                   and first.created and not again.created)
+        self.check(
+            "same idempotency key submitted twice -> one refund id",
+            first.refund_id == again.refund_id and first.created and not again.created,
+        )
 
         pending = wait_for(lambda: approvals.pending_request(client, REFUND_ID), timeout=60, what="approval request")
-        self.say(f"agent proposed {pending['amount']} {pending['currency']}; policy: above the auto-approve limit "
-                 "-> parked for approval (recv on a durable deadline; no thread held)")
-        result = approvals.decide(client, refund_id=REFUND_ID, decision="approve", approver="dana@support",
-                                  amount=Decimal(pending["amount"]), currency=pending["currency"])
-        repeat = approvals.decide(client, refund_id=REFUND_ID, decision="reject", approver="eve@support",
-                                  amount=Decimal(pending["amount"]), currency=pending["currency"])
+        self.say(
+            f"agent proposed {pending['amount']} {pending['currency']}; policy: above the auto-approve limit "
+            "-> parked for approval (recv on a durable deadline; no thread held)"
+        )
+        result = approvals.decide(
+            client,
+            refund_id=REFUND_ID,
+            decision="approve",
+            approver="dana@support",
+            amount=Decimal(pending["amount"]),
+            currency=pending["currency"],
+        )
+        repeat = approvals.decide(
+            client,
+            refund_id=REFUND_ID,
+            decision="reject",
+            approver="eve@support",
+            amount=Decimal(pending["amount"]),
+            currency=pending["currency"],
+        )
         self.say(f"approved by {result.record.approver}; a late reject by eve@support got the recorded decision back")
-        self.check("first decision wins; a second decision changes nothing",
-                   result.first and not repeat.first and repeat.record.decision == "approve")
+        self.check(
+            "first decision wins; a second decision changes nothing",
+            result.first and not repeat.first and repeat.record.decision == "approve",
+        )
 
         code = wait_for(worker.poll, timeout=60, what="the worker to crash")
-        self.say(f"worker pid {worker.pid} died with signal {-code} inside payments.issue_refund, after the provider "
-                 "applied the refund and before DBOS checkpointed the step")
+        self.say(
+            f"worker pid {worker.pid} died with signal {-code} inside payments.issue_refund, after the provider "
+            "applied the refund and before DBOS checkpointed the step"
+        )
         self.check("worker was SIGKILLed mid-payment", code == -signal.SIGKILL)
         ledger = self.provider_refunds("ch_ord_1002")
         self.check("provider already holds the refund", len(ledger) == 1)
 
         replacement = self.start(["worker"], "worker-2.log")
         self.say(f"replacement worker {EXECUTOR} started (pid {replacement.pid}); DBOS recovers the pending workflow")
-        done = lambda: (s := refund_status(client, REFUND_ID)) and s["status"] in ("completed", "failed", "rejected") and s  # noqa: E731
+
+        def done() -> dict[str, Any] | None:
+            status = refund_status(client, REFUND_ID)
+            return status if status and status["status"] in ("completed", "failed", "rejected") else None
+
         status: dict[str, Any] = wait_for(done, timeout=60, what="the refund to complete")
         self.say(f"refund {status['status']}: provider refund {status['payment']['provider_refund_id']}")
         self.report(status, self.provider_refunds("ch_ord_1002"), self.sandbox_stats())
@@ -123,17 +157,25 @@ class Demo:
         payment_steps = [s for s in steps if s["name"] == "payments.issue_refund"]
         self.check("workflow completed", status["status"] == "completed")
         self.check("provider holds exactly one refund for the order", len(ledger) == 1)
-        self.check(f"retry sent the same idempotency key ({key}) and the provider replayed it",
-                   stats.get("create_requests") == 2 and stats.get("replays") == 1 and stats.get("refunds_applied") == 1)
-        self.check("ledger refund matches the recorded payment",
-                   bool(ledger) and ledger[0]["id"] == status["payment"]["provider_refund_id"]
-                   and ledger[0]["metadata"].get("idempotency_key") == key)
+        self.check(
+            f"retry sent the same idempotency key ({key}) and the provider replayed it",
+            stats.get("create_requests") == 2 and stats.get("replays") == 1 and stats.get("refunds_applied") == 1,
+        )
+        self.check(
+            "ledger refund matches the recorded payment",
+            bool(ledger)
+            and ledger[0]["id"] == status["payment"]["provider_refund_id"]
+            and ledger[0]["metadata"].get("idempotency_key") == key,
+        )
         self.check("payment step checkpointed once", len(payment_steps) == 1 and payment_steps[0]["error"] is None)
         with app_db().engine.connect() as conn:
             order = get_order(conn, "ord_1002")
             chain = audit.verify(conn)
             events = [e.event for e in audit.entries(conn, REFUND_ID)]
-        self.check("order shows 4200.00 refunded, once", order is not None and order.amount_refunded == Decimal("4200.00"))
+        self.check(
+            "order shows 4200.00 refunded, once",
+            order is not None and order.amount_refunded == Decimal("4200.00"),
+        )
         self.check(f"audit chain verifies ({chain.entries} entries)", chain.ok)
         print("\nTimeline of DBOS steps (refund " + REFUND_ID + "):")
         for step in steps:

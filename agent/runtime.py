@@ -125,7 +125,10 @@ def start(settings: Settings | None = None, *, worker: bool = True, migrate: boo
     )
     log.info(
         "refund runtime started: executor=%s version=%s model=%s worker=%s",
-        settings.refund_agent_executor_id, settings.refund_agent_app_version, label, worker,
+        settings.refund_agent_executor_id,
+        settings.refund_agent_app_version,
+        label,
+        worker,
     )
     return _runtime
 

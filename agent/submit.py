@@ -37,9 +37,7 @@ def request_hash(request: RefundRequest) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-def submit_refund(
-    client: DBOSClient, *, idempotency_key: str, request: RefundRequest, app_version: str
-) -> Submission:
+def submit_refund(client: DBOSClient, *, idempotency_key: str, request: RefundRequest, app_version: str) -> Submission:
     """Start the refund once per key. The same key and body returns it again; a new body is a conflict."""
     from agent.runtime import REFUND_QUEUE
     from agent.workflow import REFUND_WORKFLOW

@@ -34,7 +34,10 @@ async def refund_workflow(refund_id: str, request: dict[str, Any]) -> dict[str, 
     proposal = run.output
     verdict = _verdict(req, proposal, rt.limits)
     record_verdict_step(
-        refund_id, proposal=proposal.model_dump(mode="json"), verdict=verdict.model_dump(mode="json"), model=rt.model_label
+        refund_id,
+        proposal=proposal.model_dump(mode="json"),
+        verdict=verdict.model_dump(mode="json"),
+        model=rt.model_label,
     )
     if verdict.kind == "refuse":
         return await _finish(refund_id, req, Phase.REJECTED, verdict.summary, proposal.customer_reply)
@@ -47,7 +50,10 @@ async def refund_workflow(refund_id: str, request: dict[str, Any]) -> dict[str, 
             escalate_after=rt.settings.approval_escalate_after_seconds,
             timeout=rt.settings.approval_timeout_seconds,
         )
-        if decision.decision != "approve" or (decision.amount, decision.currency) != (verdict.amount, verdict.currency):
+        if decision.decision != "approve" or (decision.amount, decision.currency) != (
+            verdict.amount,
+            verdict.currency,
+        ):
             detail = f"approval {decision.decision} by {decision.approver}"
             return await _finish(refund_id, req, Phase.REJECTED, detail, _declined_reply(verdict))
 
@@ -57,11 +63,20 @@ async def refund_workflow(refund_id: str, request: dict[str, Any]) -> dict[str, 
         return await _finish(refund_id, req, Phase.FAILED, "the order disappeared", _declined_reply(verdict))
     order = plan.snapshot.order
     recheck = policy.decide(
-        amount=verdict.amount, currency=verdict.currency, order=order, as_of=plan.snapshot.as_of, limits=rt.limits
+        amount=verdict.amount,
+        currency=verdict.currency,
+        order=order,
+        as_of=plan.snapshot.as_of,
+        limits=rt.limits,
     )
     if recheck.kind == "refuse":
-        return await _finish(refund_id, req, Phase.REJECTED, f"re-check before paying: {recheck.summary}",
-                             _declined_reply(verdict))
+        return await _finish(
+            refund_id,
+            req,
+            Phase.REJECTED,
+            f"re-check before paying: {recheck.summary}",
+            _declined_reply(verdict),
+        )
     try:
         payment = issue_refund_step(
             refund_id=refund_id,
@@ -97,10 +112,18 @@ def _verdict(req: RefundRequest, proposal: RefundProposal, limits: policy.Limits
     """Policy's verdict on the proposal, against the order as it is now (read in a step)."""
     snapshot = load_order_step(req.order_id)
     if snapshot is None:
-        return Verdict(kind="refuse", amount=proposal.amount, currency=proposal.currency,
-                       reasons=("the order does not exist",))
+        return Verdict(
+            kind="refuse",
+            amount=proposal.amount,
+            currency=proposal.currency,
+            reasons=("the order does not exist",),
+        )
     return policy.decide(
-        amount=proposal.amount, currency=proposal.currency, order=snapshot.order, as_of=snapshot.as_of, limits=limits
+        amount=proposal.amount,
+        currency=proposal.currency,
+        order=snapshot.order,
+        as_of=snapshot.as_of,
+        limits=limits,
     )
 
 

@@ -153,9 +153,7 @@ class Ledger:
 
     def _bump(self, conn: Connection, name: str, n: int) -> None:
         stmt = self._insert(counters).values(name=name, value=n)
-        conn.execute(
-            stmt.on_conflict_do_update(index_elements=["name"], set_={"value": counters.c.value + n})
-        )
+        conn.execute(stmt.on_conflict_do_update(index_elements=["name"], set_={"value": counters.c.value + n}))
 
     def bump(self, name: str, n: int = 1) -> None:
         with self.engine.begin() as conn:
@@ -204,9 +202,7 @@ class Ledger:
     def release_key(self, key: str, token: str) -> None:
         keys = idempotency_keys
         with self.engine.begin() as conn:
-            conn.execute(
-                sa.delete(keys).where(keys.c.key == key, keys.c.token == token, keys.c.state == "in_flight")
-            )
+            conn.execute(sa.delete(keys).where(keys.c.key == key, keys.c.token == token, keys.c.state == "in_flight"))
 
     def apply_refund(
         self, refund: Refund, *, claim: tuple[str, str] | None, response_status: int, response_body: str
@@ -255,9 +251,7 @@ class Ledger:
             query = query.where(refunds.c.charge == charge)
         for k, v in (metadata_filter or {}).items():
             md = refund_metadata
-            query = query.where(
-                sa.exists().where(md.c.refund_id == refunds.c.id, md.c.key == k, md.c.value == v)
-            )
+            query = query.where(sa.exists().where(md.c.refund_id == refunds.c.id, md.c.key == k, md.c.value == v))
         if starting_after is not None:
             cursor = sa.select(refunds.c.seq).where(refunds.c.id == starting_after).scalar_subquery()
             query = query.where(refunds.c.seq < cursor)

@@ -11,14 +11,12 @@ import hashlib
 import hmac
 import json
 import logging
-import random
 import re
 import secrets
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 from urllib.parse import parse_qsl
 
 import uvicorn
@@ -26,6 +24,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from sandbox.faults import FaultInjector, Faults
 from sandbox.ledger import Claimed, Conflict, Ledger, Refund, Replay
 
 logger = logging.getLogger(__name__)
@@ -42,56 +41,6 @@ _CONFLICTS: dict[str, tuple[int, str, str | None]] = {  # Conflict.reason -> (st
     ),
     "mismatch": (400, "Keys for idempotent requests can only be reused with the same parameters.", None),
 }
-
-
-@dataclasses.dataclass
-class Faults:
-    """Fault knobs for POST /v1/refunds; held per process (PUT /_sandbox/faults replaces them)."""
-
-    fail_rate: float = 0.0  # probability of a 500 before anything is applied
-    latency_ms: int = 0  # sleep before handling each create
-    drop_response_rate: float = 0.0  # probability of applying, then answering 500 "response lost"
-    fail_next: int = 0  # the next N creates fail (deterministic, checked before the rates)
-    drop_next: int = 0  # the next N creates are applied but their response is dropped
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if not (0.0 <= self.fail_rate <= 1.0 and 0.0 <= self.drop_response_rate <= 1.0):
-            raise ValueError("fault rates must be between 0 and 1")
-        if min(self.latency_ms, self.fail_next, self.drop_next) < 0:
-            raise ValueError("latency_ms, fail_next and drop_next must not be negative")
-
-
-class _FaultInjector:
-    """Process-local fault state; the lock keeps the counters exact under concurrent requests."""
-
-    def __init__(self, faults: Faults) -> None:
-        self._lock = threading.Lock()
-        self.replace(faults)
-
-    def replace(self, faults: Faults) -> None:
-        with self._lock:
-            self._faults = dataclasses.replace(faults)
-            self._rng = random.Random(faults.seed)
-
-    def snapshot(self) -> Faults:
-        with self._lock:
-            return dataclasses.replace(self._faults)
-
-    def decide(self) -> Literal["fail", "drop"] | None:
-        with self._lock:
-            f = self._faults
-            if f.fail_next > 0:
-                f.fail_next -= 1
-                return "fail"
-            if f.drop_next > 0:
-                f.drop_next -= 1
-                return "drop"
-            if f.fail_rate > 0 and self._rng.random() < f.fail_rate:
-                return "fail"
-            if f.drop_response_rate > 0 and self._rng.random() < f.drop_response_rate:
-                return "drop"
-            return None
 
 
 @dataclasses.dataclass
@@ -194,7 +143,7 @@ def create_app(
 ) -> FastAPI:
     """Build the app; the ledger creates its tables when the app starts (lifespan)."""
     ledger = Ledger(database_url)
-    injector = _FaultInjector(faults or Faults())
+    injector = FaultInjector(faults or Faults())
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -215,9 +164,7 @@ def create_app(
     auth = [Depends(authenticate)]
 
     @app.post("/v1/refunds", dependencies=auth)
-    def create_refund(
-        request: Request, pairs: Annotated[list[tuple[str, str]], Depends(_form_pairs)]
-    ) -> Response:
+    def create_refund(request: Request, pairs: Annotated[list[tuple[str, str]], Depends(_form_pairs)]) -> Response:
         if (latency := injector.snapshot().latency_ms) > 0:
             time.sleep(latency / 1000)
         ledger.bump("create_requests")
@@ -273,9 +220,7 @@ def create_app(
 
     @app.get("/v1/refunds", dependencies=auth)
     def list_refunds(request: Request) -> Response:
-        fields, metadata = _split_params(
-            request.query_params.multi_items(), {"charge", "limit", "starting_after"}
-        )
+        fields, metadata = _split_params(request.query_params.multi_items(), {"charge", "limit", "starting_after"})
         limit_text = fields.get("limit", "10")
         if not re.fullmatch(r"[0-9]{1,3}", limit_text) or not 1 <= int(limit_text) <= 100:
             raise _invalid("limit must be an integer between 1 and 100.", "limit")
@@ -324,8 +269,6 @@ def run_sandbox(
     faults: Faults | None = None,
 ) -> None:
     """Serve the sandbox until interrupted (backs `refund-agent sandbox-payments`)."""
-    app = create_app(
-        database_url=database_url, api_key=api_key, key_ttl_seconds=key_ttl_seconds, faults=faults
-    )
+    app = create_app(database_url=database_url, api_key=api_key, key_ttl_seconds=key_ttl_seconds, faults=faults)
     logger.info("sandbox payments on http://%s:%d (%s)", host, port, "key required" if api_key else "any key")
     uvicorn.run(app, host=host, port=port, log_level="info")

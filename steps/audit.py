@@ -18,13 +18,13 @@ GENESIS = "0" * 64
 
 
 def _digest(seq: int, refund_id: str, event: str, payload: str, created_at: datetime, prev: str) -> str:
-    body = json.dumps(
-        [seq, refund_id, event, payload, utc(created_at).isoformat(), prev], separators=(",", ":")
-    )
+    body = json.dumps([seq, refund_id, event, payload, utc(created_at).isoformat(), prev], separators=(",", ":"))
     return hashlib.sha256(body.encode()).hexdigest()
 
 
-def append(session: sa.Connection | Session, *, refund_id: str, event: str, payload: dict[str, Any], now: datetime) -> str:
+def append(
+    session: sa.Connection | Session, *, refund_id: str, event: str, payload: dict[str, Any], now: datetime
+) -> str:
     """Append one entry inside the caller's transaction, so it commits with the change it describes."""
     last = session.execute(
         sa.select(audit_log.c.seq, audit_log.c.hash).order_by(audit_log.c.seq.desc()).limit(1)
@@ -34,7 +34,13 @@ def append(session: sa.Connection | Session, *, refund_id: str, event: str, payl
     digest = _digest(seq, refund_id, event, text, now, prev)
     session.execute(
         audit_log.insert().values(
-            seq=seq, refund_id=refund_id, event=event, payload=text, created_at=now, prev_hash=prev, hash=digest
+            seq=seq,
+            refund_id=refund_id,
+            event=event,
+            payload=text,
+            created_at=now,
+            prev_hash=prev,
+            hash=digest,
         )
     )
     return digest

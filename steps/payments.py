@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import cast
 
 import stripe
 from dbos import DBOS
@@ -38,9 +39,7 @@ def configure(config: PaymentsConfig) -> None:
 def _client() -> stripe.StripeClient:
     if _config is None:
         raise RuntimeError("payments are not configured; call runtime.start() first")
-    return stripe.StripeClient(
-        _config.api_key, base_addresses={"api": _config.base_url}, max_network_retries=0
-    )
+    return stripe.StripeClient(_config.api_key, base_addresses={"api": _config.base_url}, max_network_retries=0)
 
 
 def idempotency_key(refund_id: str, order_id: str) -> str:
@@ -74,7 +73,8 @@ def _to_record(refund: stripe.Refund, key: str, *, reconciled: bool = False) -> 
 def find_refund(charge_id: str, key: str) -> stripe.Refund | None:
     """Look the refund up by its metadata, for when the provider may have forgotten the key."""
     for refund in _client().v1.refunds.list(params={"charge": charge_id, "limit": 100}).auto_paging_iter():
-        if (refund.metadata or {}).get("idempotency_key") == key:
+        metadata = cast(dict[str, str], refund.metadata.to_dict() if refund.metadata else {})
+        if metadata.get("idempotency_key") == key:
             return refund
     return None
 
@@ -88,7 +88,13 @@ def find_refund(charge_id: str, key: str) -> stripe.Refund | None:
     should_retry=_is_transient,
 )
 def issue_refund_step(
-    *, refund_id: str, order_id: str, charge_id: str, amount: Decimal, currency: str, first_attempt_at: datetime
+    *,
+    refund_id: str,
+    order_id: str,
+    charge_id: str,
+    amount: Decimal,
+    currency: str,
+    first_attempt_at: datetime,
 ) -> ProviderRefund:
     """One refund at the provider. Safe to run again: the key makes the provider replay the first result."""
     key = idempotency_key(refund_id, order_id)
@@ -110,5 +116,10 @@ def issue_refund_step(
     )
     crash_point("after_provider_call")
     record = _to_record(refund, key)
-    log.info("refund %s paid: provider refund %s (replayed=%s)", refund_id, record.provider_refund_id, record.replayed)
+    log.info(
+        "refund %s paid: provider refund %s (replayed=%s)",
+        refund_id,
+        record.provider_refund_id,
+        record.replayed,
+    )
     return record

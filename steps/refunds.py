@@ -73,9 +73,7 @@ def _touch(refund_id: str, now: datetime, **values: Any) -> None:
 
 
 @transaction("refunds.record_verdict")
-def record_verdict_step(
-    refund_id: str, *, proposal: dict[str, Any], verdict: dict[str, Any], model: str
-) -> None:
+def record_verdict_step(refund_id: str, *, proposal: dict[str, Any], verdict: dict[str, Any], model: str) -> None:
     now = datetime.now(UTC)
     currency = str(proposal["currency"])
     amount = Decimal(str(proposal["amount"]))
@@ -140,7 +138,11 @@ def _claim_decision(conn: Any, record: ApprovalRecord) -> tuple[ApprovalRecord, 
         )
     )
     audit.append(
-        conn, refund_id=record.refund_id, event="approval_decided", payload=record.model_dump(), now=record.decided_at
+        conn,
+        refund_id=record.refund_id,
+        event="approval_decided",
+        payload=record.model_dump(),
+        now=record.decided_at,
     )
     return record, True
 
@@ -161,8 +163,13 @@ def settle_approval_step(refund_id: str, *, amount: Decimal, currency: str) -> A
     """The decision that stands: a person's if one was recorded, else an expiry recorded now."""
     now = datetime.now(UTC)
     expired = ApprovalRecord(
-        refund_id=refund_id, decision="expired", approver="system", amount=amount, currency=currency,
-        decided_at=now, note="no decision before the approval deadline",
+        refund_id=refund_id,
+        decision="expired",
+        approver="system",
+        amount=amount,
+        currency=currency,
+        decided_at=now,
+        note="no decision before the approval deadline",
     )
     record, _ = _claim_decision(session(), expired)
     return record
@@ -173,9 +180,9 @@ def prepare_payment_step(refund_id: str, order_id: str) -> PaymentPlan:
     """Re-read the order right before paying and stamp the first payment attempt (kept across retries)."""
     now = datetime.now(UTC)
     row = session().execute(ORDER_QUERY.where(orders.c.order_id == order_id)).first()
-    started = session().execute(
-        sa.select(refunds.c.payment_started_at).where(refunds.c.refund_id == refund_id)
-    ).scalar_one()
+    started = (
+        session().execute(sa.select(refunds.c.payment_started_at).where(refunds.c.refund_id == refund_id)).scalar_one()
+    )
     first = utc(started) if started else now
     _touch(refund_id, now, status="paying", payment_started_at=first)
     snapshot = OrderSnapshot(order=order_from_row(row), as_of=now) if row else None
@@ -192,16 +199,17 @@ def record_payment_step(refund_id: str, order_id: str, payment: ProviderRefund) 
         .values(amount_refunded_minor=orders.c.amount_refunded_minor + minor)
     )
     _touch(
-        refund_id, now, status="completed", provider_refund_id=payment.provider_refund_id,
+        refund_id,
+        now,
+        status="completed",
+        provider_refund_id=payment.provider_refund_id,
         idempotency_key=payment.idempotency_key,
     )
     audit.append(session(), refund_id=refund_id, event="refund_paid", payload=payment.model_dump(), now=now)
 
 
 @transaction("refunds.record_outcome")
-def record_outcome_step(
-    refund_id: str, *, status: Literal["rejected", "failed", "cancelled"], detail: str
-) -> None:
+def record_outcome_step(refund_id: str, *, status: Literal["rejected", "failed", "cancelled"], detail: str) -> None:
     now = datetime.now(UTC)
     _touch(refund_id, now, status=status)
     audit.append(session(), refund_id=refund_id, event=f"refund_{status}", payload={"detail": detail}, now=now)

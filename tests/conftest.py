@@ -45,8 +45,10 @@ class Databases:
 
 
 def make_databases(backend: str, tmp_path: Path) -> Databases:
-    if backend == "sqlite":
-        return Databases(f"sqlite:///{tmp_path}/system.sqlite", f"sqlite:///{tmp_path}/app.sqlite", [])
+    if backend == "sqlite":  # the embedded default's layout, so the dbos CLI finds it via dbos-config.yaml
+        (tmp_path / ".refund-agent").mkdir(exist_ok=True)
+        system = f"sqlite:///{tmp_path}/.refund-agent/dbos_system.sqlite"
+        return Databases(system, f"sqlite:///{tmp_path}/.refund-agent/refund_agent.sqlite", [])
     base = f"ra_test_{secrets.token_hex(4)}"
     names = [f"{base}_sys", f"{base}_app"]
     with psycopg.connect(_pg_admin_url(), autocommit=True) as conn:

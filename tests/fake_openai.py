@@ -47,7 +47,9 @@ class ScriptedModel:
                 if call["id"] in calls:
                     content = calls[call["id"]]["content"]
                     results[call["function"]["name"]] = json.loads(content) if content.startswith("{") else content
-        output_tool = next(t["function"]["name"] for t in body.get("tools", []) if t["function"]["name"] not in OUR_TOOLS)
+        output_tool = next(
+            t["function"]["name"] for t in body.get("tools", []) if t["function"]["name"] not in OUR_TOOLS
+        )
         if "get_order" not in results:
             return _call("get_order", {"order_id": order_id})
         if "get_refund_history" not in results:

@@ -110,8 +110,14 @@ def test_sigkill_at_named_point_then_restart_pays_exactly_once(
         if point == "while_parked":
             first.send_signal(signal.SIGKILL)
         else:
-            approvals.decide(cluster.client, refund_id=refund_id, decision="approve", approver="dana",
-                             amount=Decimal(pending["amount"]), currency=pending["currency"])
+            approvals.decide(
+                cluster.client,
+                refund_id=refund_id,
+                decision="approve",
+                approver="dana",
+                amount=Decimal(pending["amount"]),
+                currency=pending["currency"],
+            )
     code = wait_for(first.poll, timeout=90, what="the first worker to die")
     assert code == -signal.SIGKILL, cluster.dump_logs()
     assert cluster.status(refund_id) == "PENDING"
@@ -119,8 +125,14 @@ def test_sigkill_at_named_point_then_restart_pays_exactly_once(
     cluster.worker("worker-2")
     if point == "while_parked":
         # The parked refund is still parked after the restart; the decision can come now.
-        approvals.decide(cluster.client, refund_id=refund_id, decision="approve", approver="dana",
-                         amount=Decimal(pending["amount"]), currency=pending["currency"])
+        approvals.decide(
+            cluster.client,
+            refund_id=refund_id,
+            decision="approve",
+            approver="dana",
+            amount=Decimal(pending["amount"]),
+            currency=pending["currency"],
+        )
     outcome = cluster.finished(refund_id)
 
     assert outcome["status"] == "completed", cluster.dump_logs()

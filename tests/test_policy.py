@@ -21,12 +21,24 @@ LIMITS = Limits(
 
 
 def order(
-    *, captured: str = "500.00", refunded: str = "0", status: str = "paid", days: int = 5, currency: str = "USD"
+    *,
+    captured: str = "500.00",
+    refunded: str = "0",
+    status: str = "paid",
+    days: int = 5,
+    currency: str = "USD",
 ) -> Order:
     return Order(
-        order_id="ord_x", customer_id="cus_x", customer_name="X", currency=currency,
-        amount_captured=Decimal(captured), amount_refunded=Decimal(refunded), status=status,  # type: ignore[arg-type]
-        paid_at=NOW - timedelta(days=days), charge_id="ch_x", items=["thing"],
+        order_id="ord_x",
+        customer_id="cus_x",
+        customer_name="X",
+        currency=currency,
+        amount_captured=Decimal(captured),
+        amount_refunded=Decimal(refunded),
+        status=status,  # type: ignore[arg-type]
+        paid_at=NOW - timedelta(days=days),
+        charge_id="ch_x",
+        items=["thing"],
     )
 
 
@@ -35,11 +47,23 @@ CASES = [
     ("small refund is paid at once", {}, "42.00", "USD", "auto_approve"),
     ("exactly the auto-approve limit is paid at once", {}, "100.00", "USD", "auto_approve"),
     ("one cent over the limit needs a person", {}, "100.01", "USD", "needs_approval"),
-    ("full refund of a big order needs a person", {"captured": "4200.00"}, "4200.00", "USD", "needs_approval"),
+    (
+        "full refund of a big order needs a person",
+        {"captured": "4200.00"},
+        "4200.00",
+        "USD",
+        "needs_approval",
+    ),
     ("above the absolute cap is refused", {"captured": "12000.00"}, "10000.01", "USD", "refuse"),
     ("more than captured is refused", {}, "500.01", "USD", "refuse"),
     ("more than captured minus refunded is refused", {"refunded": "450.00"}, "60.00", "USD", "refuse"),
-    ("the rest of a partly refunded order is allowed", {"refunded": "450.00"}, "50.00", "USD", "auto_approve"),
+    (
+        "the rest of a partly refunded order is allowed",
+        {"refunded": "450.00"},
+        "50.00",
+        "USD",
+        "auto_approve",
+    ),
     ("disputed orders are refused", {"status": "disputed"}, "10.00", "USD", "refuse"),
     ("unpaid orders are refused", {"status": "unpaid"}, "10.00", "USD", "refuse"),
     ("outside the window is refused", {"days": 61}, "10.00", "USD", "refuse"),
@@ -48,10 +72,20 @@ CASES = [
     ("zero is refused", {}, "0", "USD", "refuse"),
     ("sub-cent amounts are refused", {}, "10.001", "USD", "refuse"),
     ("fractional yen is refused", {"currency": "JPY", "captured": "20000"}, "100.5", "JPY", "refuse"),
-    ("per-currency limit: 15000 JPY is paid at once", {"currency": "JPY", "captured": "20000"}, "15000", "JPY",
-     "auto_approve"),
-    ("per-currency limit: 15001 JPY needs a person", {"currency": "JPY", "captured": "20000"}, "15001", "JPY",
-     "needs_approval"),
+    (
+        "per-currency limit: 15000 JPY is paid at once",
+        {"currency": "JPY", "captured": "20000"},
+        "15000",
+        "JPY",
+        "auto_approve",
+    ),
+    (
+        "per-currency limit: 15001 JPY needs a person",
+        {"currency": "JPY", "captured": "20000"},
+        "15001",
+        "JPY",
+        "needs_approval",
+    ),
     ("fully refunded order is refused", {"refunded": "500.00"}, "1.00", "USD", "refuse"),
 ]
 

@@ -32,7 +32,7 @@ def run_refund(env: Env, model: ScriptedModel, order_id: str, key: str) -> tuple
 
 def test_agent_completes_a_refund_over_http_tool_calls(env: Env) -> None:
     model = ScriptedModel()
-    outcome, rt = run_refund(env, model, "ord_1001", "real-model-0001")
+    outcome, _ = run_refund(env, model, "ord_1001", "real-model-0001")
     assert outcome["status"] == "completed"
     assert outcome["model"].startswith("scripted at http://127.0.0.1")
     assert model.requests["ord_1001"] == 4

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import secrets
 import socket
 import threading
@@ -24,8 +23,8 @@ from psycopg import sql
 from sandbox import ledger as ledger_module
 from sandbox.ledger import Claimed, Ledger
 from sandbox.payments import create_app
+from tests.conftest import BACKENDS, PG_SERVER
 
-POSTGRES_ENV = "REFUND_AGENT_TEST_POSTGRES_URL"
 API_KEY = "sk_test_sandbox"
 
 
@@ -36,9 +35,7 @@ class Sandbox:
     app: Any
 
     def stripe(self, api_key: str = API_KEY, retries: int = 0) -> stripe.StripeClient:
-        return stripe.StripeClient(
-            api_key, base_addresses={"api": self.base_url}, max_network_retries=retries
-        )
+        return stripe.StripeClient(api_key, base_addresses={"api": self.base_url}, max_network_retries=retries)
 
     def http(self, api_key: str | None = API_KEY) -> httpx.Client:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -95,10 +92,7 @@ def _serve(app: Any) -> tuple[str, Callable[[], None]]:
 
 @pytest.fixture(scope="session")
 def postgres_database() -> Iterator[str]:
-    server_url = os.environ.get(POSTGRES_ENV)
-    if not server_url:
-        pytest.skip(f"{POSTGRES_ENV} is not set")
-    url = sa.make_url(server_url)
+    url = sa.make_url(PG_SERVER)
     name = f"refund_agent_sandbox_test_{secrets.token_hex(4)}"
     conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
     with psycopg.connect(conninfo, autocommit=True) as conn:
@@ -108,7 +102,7 @@ def postgres_database() -> Iterator[str]:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=BACKENDS)
 def database_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'sandbox.db'}"
@@ -184,9 +178,7 @@ def test_same_key_different_params_is_idempotency_error(sandbox: Sandbox) -> Non
     client, charge = sandbox.stripe(), _charge()
     client.v1.refunds.create(params={"charge": charge, "amount": 500}, options={"idempotency_key": "k-diff"})
     with pytest.raises(stripe.IdempotencyError) as raised:
-        client.v1.refunds.create(
-            params={"charge": charge, "amount": 501}, options={"idempotency_key": "k-diff"}
-        )
+        client.v1.refunds.create(params={"charge": charge, "amount": 501}, options={"idempotency_key": "k-diff"})
     assert raised.value.http_status == 400
     assert sandbox.refunds_for(charge) == 1
 
@@ -220,23 +212,16 @@ def test_in_flight_key_is_409_until_the_claim_goes_stale(start_sandbox: Callable
     assert isinstance(claim, Claimed)
     client = sandbox.stripe()
     with pytest.raises(stripe.APIError) as raised:
-        client.v1.refunds.create(
-            params={"charge": charge, "amount": 100}, options={"idempotency_key": "k-stuck"}
-        )
+        client.v1.refunds.create(params={"charge": charge, "amount": 100}, options={"idempotency_key": "k-stuck"})
     assert raised.value.http_status == 409
     assert raised.value.json_body == {  # the SDK's APIError leaves .code unset for 409s
         "error": {"type": "idempotency_error", "message": ANY, "code": "idempotency_key_in_use"}
     }
     clock.now += 31
-    refund = client.v1.refunds.create(
-        params={"charge": charge, "amount": 100}, options={"idempotency_key": "k-stuck"}
-    )
+    refund = client.v1.refunds.create(params={"charge": charge, "amount": 100}, options={"idempotency_key": "k-stuck"})
     # Had the old holder only been slow, it could no longer commit under its stale claim.
     late = ledger_module.Refund("re_late", charge, 100, "usd", None, {}, int(clock()))
-    assert (
-        other.apply_refund(late, claim=("k-stuck", claim.token), response_status=200, response_body="{}")
-        is False
-    )
+    assert other.apply_refund(late, claim=("k-stuck", claim.token), response_status=200, response_body="{}") is False
     other.close()
     assert sandbox.refunds_for(charge) == 1 and refund.charge == charge
 
@@ -262,9 +247,7 @@ def test_dropped_response_applies_refund_and_retry_replays_it(sandbox: Sandbox) 
     assert raised.value.http_status == 500
     assert sandbox.refunds_for(charge) == 1  # the client saw a failure, but the money moved
     retried = client.v1.refunds.create(params=params, options={"idempotency_key": "k-drop"})
-    assert (
-        retried.last_response is not None and retried.last_response.headers["idempotent-replayed"] == "true"
-    )
+    assert retried.last_response is not None and retried.last_response.headers["idempotent-replayed"] == "true"
     assert client.v1.refunds.list(params={"charge": charge}).data[0].id == retried.id
     assert sandbox.stats() == {"create_requests": 2, "refunds_applied": 1, "replays": 1, "faults_injected": 1}
 
@@ -295,8 +278,7 @@ def test_seeded_fail_rate_is_reproducible(sandbox: Sandbox) -> None:
         sandbox.set_faults(fail_rate=0.5, seed=7)
         with sandbox.http() as client:
             return [
-                client.post("/v1/refunds", data={"charge": "ch_seed", "amount": "1"}).status_code
-                for _ in range(12)
+                client.post("/v1/refunds", data={"charge": "ch_seed", "amount": "1"}).status_code for _ in range(12)
             ]
 
     first = outcomes()
@@ -306,9 +288,7 @@ def test_seeded_fail_rate_is_reproducible(sandbox: Sandbox) -> None:
 def test_list_filters_by_charge_and_metadata(sandbox: Sandbox) -> None:
     client, charge, other = sandbox.stripe(), _charge(), _charge()
     made = [
-        client.v1.refunds.create(
-            params={"charge": charge, "amount": 10 + i, "metadata": {"batch": str(i % 2)}}
-        )
+        client.v1.refunds.create(params={"charge": charge, "amount": 10 + i, "metadata": {"batch": str(i % 2)}})
         for i in range(5)
     ]
     client.v1.refunds.create(params={"charge": other, "amount": 99, "metadata": {"batch": "1"}})
@@ -365,9 +345,7 @@ def test_invalid_params_are_400_and_do_not_burn_the_key(sandbox: Sandbox) -> Non
                 "invalid_request_error",
                 param,
             )
-        ok = http.post(
-            "/v1/refunds", data={"charge": charge, "amount": "5"}, headers={"Idempotency-Key": "k-bad"}
-        )
+        ok = http.post("/v1/refunds", data={"charge": charge, "amount": "5"}, headers={"Idempotency-Key": "k-bad"})
         assert ok.status_code == 200 and "idempotent-replayed" not in ok.headers
     assert sandbox.refunds_for(charge) == 1
     with pytest.raises(stripe.InvalidRequestError) as raised:

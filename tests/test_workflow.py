@@ -74,8 +74,14 @@ def test_large_refund_waits_for_approval_then_pays(env: Env, client: DBOSClient)
     request = parked(client, refund_id)
     assert (request["amount"], request["currency"]) == ("4200.00", "USD")
     assert env.sandbox.refunds("ch_ord_1002") == []
-    decided = approvals.decide(client, refund_id=refund_id, decision="approve", approver="dana",
-                               amount=Decimal("4200.00"), currency="USD")
+    decided = approvals.decide(
+        client,
+        refund_id=refund_id,
+        decision="approve",
+        approver="dana",
+        amount=Decimal("4200.00"),
+        currency="USD",
+    )
     assert decided.first
     assert result(client, refund_id)["status"] == "completed"
     assert len(env.sandbox.refunds("ch_ord_1002")) == 1
@@ -92,8 +98,16 @@ def test_concurrent_approvals_record_one_decision(env: Env, client: DBOSClient) 
 
     def decide(i: int) -> None:
         barrier.wait()
-        results.append(approvals.decide(client, refund_id=refund_id, decision="approve" if i % 2 else "reject",
-                                        approver=f"approver-{i}", amount=Decimal("4200.00"), currency="USD"))
+        results.append(
+            approvals.decide(
+                client,
+                refund_id=refund_id,
+                decision="approve" if i % 2 else "reject",
+                approver=f"approver-{i}",
+                amount=Decimal("4200.00"),
+                currency="USD",
+            )
+        )
 
     threads = [threading.Thread(target=decide, args=(i,)) for i in range(8)]
     for t in threads:
@@ -112,12 +126,24 @@ def test_decision_for_another_amount_is_refused(env: Env, client: DBOSClient) ->
     refund_id = submit(client, "key-mismatch-1", "ord_1002")
     parked(client, refund_id)
     with pytest.raises(approvals.ApprovalError) as error:
-        approvals.decide(client, refund_id=refund_id, decision="approve", approver="dana",
-                         amount=Decimal("42.00"), currency="USD")
+        approvals.decide(
+            client,
+            refund_id=refund_id,
+            decision="approve",
+            approver="dana",
+            amount=Decimal("42.00"),
+            currency="USD",
+        )
     assert error.value.code == "mismatch"
     with pytest.raises(approvals.ApprovalError):
-        approvals.decide(client, refund_id=refund_id, decision="approve", approver="dana",
-                         amount=Decimal("4200.00"), currency="EUR")
+        approvals.decide(
+            client,
+            refund_id=refund_id,
+            decision="approve",
+            approver="dana",
+            amount=Decimal("4200.00"),
+            currency="EUR",
+        )
     assert env.sandbox.refunds("ch_ord_1002") == []
 
 
@@ -131,8 +157,14 @@ def test_no_decision_escalates_then_expires_and_late_decision_is_refused(env: En
         outcome = result(client, refund_id)
         assert outcome["status"] == "rejected" and "expired" in outcome["detail"]
         with pytest.raises(approvals.ApprovalError) as error:
-            approvals.decide(client, refund_id=refund_id, decision="approve", approver="late",
-                             amount=Decimal(request["amount"]), currency="USD")
+            approvals.decide(
+                client,
+                refund_id=refund_id,
+                decision="approve",
+                approver="late",
+                amount=Decimal(request["amount"]),
+                currency="USD",
+            )
         assert error.value.code == "expired"
         with app_db().engine.connect() as conn:
             kinds = [r.message_key for r in conn.execute(sa.select(outbox).where(outbox.c.refund_id == refund_id))]

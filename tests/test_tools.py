@@ -1,0 +1,117 @@
+"""The operator's tools: the refund-agent CLI, the audit chain check, the dbos CLI, and the demo."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from dbos import DBOSClient
+
+from agent import approvals, runtime
+from agent.processes import child_env, wait_for
+from steps import audit
+from steps.seed import seed
+from steps.store import app_db, audit_log
+from tests.conftest import Env
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli(env: Env, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agent.cli", *args],
+        env=child_env(env.env_vars()),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+    )
+
+
+def test_cli_submits_approves_once_and_reports_status(env: Env, client: DBOSClient) -> None:
+    submitted = cli(env, "submit", "ord_1002", "--message", "Broken on arrival", "--key", "cli-refund-0001")
+    assert submitted.returncode == 0, submitted.stderr
+    wait_for(lambda: approvals.pending_request(client, "cli-refund-0001"), timeout=60, what="approval request")
+    approved = cli(env, "approve", "cli-refund-0001", "--approver", "dana")
+    assert approved.returncode == 0 and "approve by dana" in approved.stdout, approved.stderr
+    rejected = cli(env, "reject", "cli-refund-0001", "--approver", "eve")
+    assert rejected.returncode == 3 and "recorded earlier" in rejected.stdout
+    client.retrieve_workflow("cli-refund-0001").get_result(polling_interval_sec=0.1)
+    status = cli(env, "status", "cli-refund-0001")
+    assert '"status": "completed"' in status.stdout
+    assert len(env.sandbox.refunds("ch_ord_1002")) == 1
+
+
+def test_cli_refuses_bad_input_with_a_message(env: Env, service: runtime.Runtime) -> None:
+    unknown = cli(env, "submit", "ord_nope", "--message", "hi", "--key", "cli-bad-00001")
+    assert unknown.returncode == 2 and "does not exist" in unknown.stderr
+    negative = cli(env, "submit", "ord_1001", "--message", "hi", "--amount", "-3", "--key", "cli-bad-00002")
+    assert negative.returncode == 2 and "greater than zero" in negative.stderr
+    nothing = cli(env, "approve", "no-such-refund", "--approver", "dana")
+    assert nothing.returncode == 2 and "not waiting" in nothing.stderr
+
+
+def test_audit_verify_reports_the_first_tampered_entry(env: Env, client: DBOSClient) -> None:
+    from tests.test_workflow import submit
+
+    refund_id = submit(client, "audit-refund-01", "ord_1001")
+    client.retrieve_workflow(refund_id).get_result(polling_interval_sec=0.1)
+    ok = cli(env, "audit", "verify")
+    assert ok.returncode == 0 and "intact" in ok.stdout
+    with app_db().engine.begin() as conn:
+        seq = conn.execute(sa.select(audit_log.c.seq).where(audit_log.c.event == "refund_paid")).scalar_one()
+        conn.execute(audit_log.update().where(audit_log.c.seq == seq).values(payload='{"amount": "1.00"}'))
+    with app_db().engine.connect() as conn:
+        report = audit.verify(conn)
+    assert not report.ok and report.first_broken_seq == seq
+    broken = cli(env, "audit", "verify")
+    assert broken.returncode == 1 and f"entry {seq}" in broken.stdout
+
+
+def test_audit_verify_notices_a_deleted_entry(env: Env, client: DBOSClient) -> None:
+    from tests.test_workflow import submit
+
+    client.retrieve_workflow(submit(client, "audit-refund-02", "ord_1001")).get_result(polling_interval_sec=0.1)
+    with app_db().engine.begin() as conn:
+        conn.execute(audit_log.delete().where(audit_log.c.seq == 2))
+    with app_db().engine.connect() as conn:
+        report = audit.verify(conn)
+    assert not report.ok and "missing" in report.problem
+
+
+def test_dbos_cli_reads_the_same_system_database(env: Env, client: DBOSClient, tmp_path: Path) -> None:
+    """`dbos workflow list/steps` from a directory holding our dbos-config.yaml sees our refunds."""
+    from tests.test_workflow import submit
+
+    refund_id = submit(client, "dbos-cli-refund-1", "ord_1001")
+    client.retrieve_workflow(refund_id).get_result(polling_interval_sec=0.1)
+    dbos = str(Path(sys.executable).parent / "dbos")
+    url = ["-s", env.dbs.system_url] if env.backend == "postgres" else []
+    shutil.copy(REPO / "dbos-config.yaml", tmp_path / "dbos-config.yaml")
+    listed = subprocess.run([dbos, "workflow", "list", *url], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0 and refund_id in listed.stdout, listed.stderr
+    steps = subprocess.run(
+        [dbos, "workflow", "steps", refund_id, *url], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert "payments.issue_refund" in steps.stdout, steps.stderr
+
+
+def test_demo_runs_end_to_end_from_a_fresh_directory(tmp_path: Path) -> None:
+    env: dict[str, Any] = {k: v for k, v in os.environ.items() if not k.startswith(("DBOS_", "REFUND_AGENT_"))}
+    env.pop("DATABASE_URL", None)
+    env.pop("PAYMENTS_API_BASE", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "demo"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "FAIL" not in done.stdout and "checks passed" in done.stdout
+
+
+def test_seed_is_idempotent(env: Env, service: runtime.Runtime) -> None:
+    assert seed(app_db().engine) == 0
+    assert seed(app_db().engine, reset=True) == 10
