@@ -11,6 +11,7 @@ import pytest
 
 from agent import runtime
 from steps import payments
+from steps.records import ProviderRefund
 from tests.conftest import API_KEY, Env, SandboxServer
 
 
@@ -30,7 +31,7 @@ def forgetful(tmp_path: Path) -> Iterator[tuple[SandboxServer, Clock]]:
     server.close()
 
 
-def pay(first_attempt_at: datetime) -> payments.ProviderRefund:
+def pay(first_attempt_at: datetime) -> ProviderRefund:
     return payments.issue_refund_step(
         refund_id="ttl-refund-1",
         order_id="ord_1001",
