@@ -45,7 +45,6 @@ class Settings(BaseSettings):
 
     approval_escalate_after_seconds: float = 4 * 3600
     approval_timeout_seconds: float = 72 * 3600
-    approval_signing_secret: SecretStr | None = None
 
     payments_api_base: str | None = None
     """Stripe-compatible API base. Unset: the local payments sandbox."""
@@ -54,7 +53,6 @@ class Settings(BaseSettings):
     payments_key_ttl_seconds: float = 24 * 3600
     """How long the provider remembers idempotency keys (Stripe: 24 h)."""
 
-    slack_webhook_url: SecretStr | None = None
     queue_worker_concurrency: int = 4
     queue_polling_interval_seconds: float = 0.5
     notification_polling_interval_seconds: float = 0.25
@@ -83,23 +81,6 @@ class Settings(BaseSettings):
     @property
     def payments_base_url(self) -> str:
         return self.payments_api_base or f"http://127.0.0.1:{self.payments_sandbox_port}"
-
-    @property
-    def uses_sandbox(self) -> bool:
-        return self.payments_api_base is None
-
-    def signing_secret(self) -> bytes:
-        """The approval HMAC key: configured, else generated once and kept in the data directory."""
-        if self.approval_signing_secret is not None:
-            return self.approval_signing_secret.get_secret_value().encode()
-        path = self.refund_agent_data_dir / "approval_signing.key"
-        if not path.exists():
-            import secrets
-
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(secrets.token_hex(32))
-            path.chmod(0o600)
-        return path.read_text().strip().encode()
 
     def _sqlite_url(self, name: str) -> str:
         self.refund_agent_data_dir.mkdir(parents=True, exist_ok=True)

@@ -59,6 +59,16 @@ class Cluster:
         self.procs.append(proc)
         return proc
 
+    def approve(self, refund_id: str, pending: dict[str, Any]) -> None:
+        approvals.decide(
+            self.client,
+            refund_id=refund_id,
+            decision="approve",
+            approver="dana",
+            amount=Decimal(pending["amount"]),
+            currency=pending["currency"],
+        )
+
     def status(self, refund_id: str) -> str | None:
         found = self.client.list_workflows(workflow_ids=[refund_id], load_input=False, load_output=False)
         return found[0].status if found else None
@@ -110,14 +120,7 @@ def test_sigkill_at_named_point_then_restart_pays_exactly_once(
         if point == "while_parked":
             first.send_signal(signal.SIGKILL)
         else:
-            approvals.decide(
-                cluster.client,
-                refund_id=refund_id,
-                decision="approve",
-                approver="dana",
-                amount=Decimal(pending["amount"]),
-                currency=pending["currency"],
-            )
+            cluster.approve(refund_id, pending)
     code = wait_for(first.poll, timeout=90, what="the first worker to die")
     assert code == -signal.SIGKILL, cluster.dump_logs()
     assert cluster.status(refund_id) == "PENDING"
@@ -125,14 +128,7 @@ def test_sigkill_at_named_point_then_restart_pays_exactly_once(
     cluster.worker("worker-2")
     if point == "while_parked":
         # The parked refund is still parked after the restart; the decision can come now.
-        approvals.decide(
-            cluster.client,
-            refund_id=refund_id,
-            decision="approve",
-            approver="dana",
-            amount=Decimal(pending["amount"]),
-            currency=pending["currency"],
-        )
+        cluster.approve(refund_id, pending)
     outcome = cluster.finished(refund_id)
 
     assert outcome["status"] == "completed", cluster.dump_logs()
