@@ -38,6 +38,14 @@ class AgentDeps:
     refund_id: str
     request: RefundRequest
     limits: policy.Limits
+    snapshot: OrderSnapshot | None = None
+    """The order as first read in this run (a step; on replay the same value comes back)."""
+
+
+def _load(ctx: RunContext[AgentDeps]) -> OrderSnapshot | None:
+    if ctx.deps.snapshot is None:
+        ctx.deps.snapshot = load_order_step(ctx.deps.request.order_id)
+    return ctx.deps.snapshot
 
 
 def _order_view(snapshot: OrderSnapshot, limits: policy.Limits) -> dict[str, Any]:
@@ -62,7 +70,7 @@ async def get_order(ctx: RunContext[AgentDeps], order_id: str) -> dict[str, Any]
     crash_point("after_model_response")
     if order_id != ctx.deps.request.order_id:
         return {"error": "only the order named in this refund request can be looked up"}
-    snapshot = load_order_step(order_id)
+    snapshot = _load(ctx)
     if snapshot is None:
         return {"error": f"order {order_id} does not exist"}
     return _order_view(snapshot, ctx.deps.limits)
@@ -70,7 +78,7 @@ async def get_order(ctx: RunContext[AgentDeps], order_id: str) -> dict[str, Any]
 
 async def get_refund_history(ctx: RunContext[AgentDeps]) -> dict[str, Any]:
     """The customer's earlier refund requests (newest first)."""
-    snapshot = load_order_step(ctx.deps.request.order_id)
+    snapshot = _load(ctx)
     if snapshot is None:
         return {"earlier_refunds": [], "count": 0}
     history = [
@@ -87,7 +95,7 @@ async def request_refund(ctx: RunContext[AgentDeps], amount: Decimal) -> dict[st
     Nothing is paid here: the payment happens after your answer, only if policy and, when needed,
     a person allow it.
     """
-    snapshot = load_order_step(ctx.deps.request.order_id)
+    snapshot = _load(ctx)
     if snapshot is None:
         return {"verdict": "refuse", "reasons": ["the order does not exist"]}
     order = snapshot.order

@@ -18,7 +18,7 @@ from agent.processes import child_env, free_port, http_ok, spawn, stop, wait_for
 from agent.settings import Settings
 from agent.status import refund_status
 from agent.submit import Submission, submit_refund
-from steps import audit
+from steps import audit, notify
 from steps.orders import get_order
 from steps.seed import seed
 from steps.store import app_db, close_app_database, open_app_database
@@ -179,9 +179,14 @@ class Demo:
         self.check(f"audit chain verifies ({chain.entries} entries)", chain.ok)
         print("\nTimeline of DBOS steps (refund " + REFUND_ID + "):")
         for step in steps:
-            print(f"  {step['step']:>3}  {step['name']:<28} {(step['start'] or '')[11:23]}  {step['error'] or ''}")
+            took = f"{step['duration_ms']:>6} ms" if step["duration_ms"] is not None else "      -"
+            print(
+                f"  {step['step']:>3}  {step['name']:<28} {(step['start'] or '')[11:23]}  {took}  {step['error'] or ''}"
+            )
         print("\nAudit trail: " + " -> ".join(events))
-        print(f"Customer reply: {status['customer_reply']}")
+        with app_db().engine.connect() as conn:
+            for message in notify.messages(conn, REFUND_ID):
+                print(f"Sent to {message['recipient']} ({message['channel']}): {message['body']}")
 
     def close(self) -> None:
         for proc in self.procs:
@@ -200,4 +205,5 @@ def run_demo(settings: Settings, *, out: Callable[[str], None] = print) -> int:
         demo.close()
     passed = sum(1 for _, good in demo.checks if good)
     out(f"\n{passed}/{len(demo.checks)} checks passed in {time.monotonic() - demo.t0:.1f}s; logs in {demo.dir}")
+    out(f"Inspect it with DBOS's CLI: dbos workflow steps {REFUND_ID} -s sqlite:///{demo.dir}/dbos_system.sqlite")
     return 0 if ok else 1

@@ -92,6 +92,11 @@ class RefundProposal(BaseModel):
     customer_reply: str = Field(max_length=2000)
     """The reply to send the customer, in their language, stating the amount and what happens next."""
 
+    @field_validator("currency")
+    @classmethod
+    def _upper(cls, value: str) -> str:
+        return value.strip().upper()
+
 
 VerdictKind = Literal["auto_approve", "needs_approval", "refuse"]
 

@@ -28,6 +28,9 @@ def step_timeline(client: DBOSClient, refund_id: str) -> list[dict[str, Any]]:
             "name": step["function_name"],
             "start": _ms(step["started_at_epoch_ms"]),
             "end": _ms(step["completed_at_epoch_ms"]),
+            "duration_ms": (end - start)
+            if (start := step["started_at_epoch_ms"]) and (end := step["completed_at_epoch_ms"])
+            else None,
             "error": repr(step["error"]) if step["error"] is not None else None,
         }
         for step in client.list_workflow_steps(refund_id, load_output=False)

@@ -30,7 +30,12 @@ async def refund_workflow(refund_id: str, request: dict[str, Any]) -> dict[str, 
     rt = current()
     req = RefundRequest.model_validate(request)
     await DBOS.set_event_async(PHASE_EVENT, Phase.DECIDING.value)
-    run = await rt.agent.run(prompt_for(req), deps=AgentDeps(refund_id, req, rt.limits))
+    try:
+        run = await rt.agent.run(prompt_for(req), deps=AgentDeps(refund_id, req, rt.limits))
+    except Exception as error:  # the model failed or misbehaved through its retries: nothing was paid
+        log.error("refund %s: the agent could not decide: %s", refund_id, type(error).__name__)
+        detail = f"the agent could not decide ({type(error).__name__}); fork the workflow to retry"
+        return await _finish(refund_id, req, Phase.FAILED, detail, None)
     proposal = run.output
     verdict = _verdict(req, proposal, rt.limits)
     record_verdict_step(

@@ -16,6 +16,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 
 from agent.processes import free_port
 
@@ -27,6 +28,8 @@ class ScriptedModel:
     """``amount``: what to propose regardless of the order (e.g. a greedy model); None = refundable balance."""
 
     amount: str | None = None
+    broken: bool = False
+    """Answer every request with a 500, like a model server that is down."""
     requests: Counter[str] = field(default_factory=Counter)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -103,8 +106,12 @@ class FakeOpenAIServer:
         self.port = free_port()
         app = FastAPI()
 
-        @app.post("/v1/chat/completions")
-        async def completions(request: Request) -> dict[str, Any]:
+        @app.post("/v1/chat/completions", response_model=None)
+        async def completions(request: Request) -> dict[str, Any] | JSONResponse:
+            if self.model.broken:
+                with self.model.lock:
+                    self.model.requests["broken"] += 1
+                return JSONResponse({"error": {"message": "model server down", "type": "server_error"}}, 500)
             return self.model.answer(await request.json())
 
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))

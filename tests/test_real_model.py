@@ -45,3 +45,11 @@ def test_a_model_that_asks_for_too_much_is_stopped_by_policy(env: Env) -> None:
     assert outcome["status"] == "rejected"
     assert "exceeds" in outcome["detail"] or "cap" in outcome["detail"]
     assert env.sandbox.refunds() == []
+
+
+def test_a_model_server_that_stays_down_fails_the_refund_without_paying(env: Env) -> None:
+    down = ScriptedModel(broken=True)
+    outcome, _ = run_refund(env, down, "ord_1001", "real-model-down")
+    assert outcome["status"] == "failed" and "could not decide" in outcome["detail"]
+    assert down.requests["broken"] >= 1
+    assert env.sandbox.refunds() == []
