@@ -9,9 +9,10 @@ from typing import Any, Literal
 
 from dbos import DBOS, DBOSClient
 
+from agent import tokens
 from agent.domain import ApprovalRecord, Verdict
 from steps.faults import crash_point
-from steps.notify import notify_approvers_step
+from steps.notify import notify_approvers_step, slack_approvers_step, slack_enabled
 from steps.records import format_money
 from steps.refunds import open_approval_step, record_decision, recorded_decision, settle_approval_step
 from steps.store import app_db
@@ -32,11 +33,23 @@ class ApprovalError(Exception):
         self.recorded = recorded
 
 
-async def await_decision(
-    refund_id: str, verdict: Verdict, *, reason: str, escalate_after: float, timeout: float
-) -> ApprovalRecord:
+@dataclass(frozen=True)
+class ApprovalSettings:
+    escalate_after: float
+    timeout: float
+    signing_secret: bytes
+    public_url: str
+
+
+async def await_decision(refund_id: str, verdict: Verdict, *, reason: str, config: ApprovalSettings) -> ApprovalRecord:
     """Workflow side: publish the request, notify, wait (durably), escalate once, then expire."""
+    escalate_after, timeout = config.escalate_after, config.timeout
     window = open_approval_step(refund_id, escalate_after=escalate_after, timeout=timeout)
+    claims = tokens.ApprovalClaims(
+        refund_id=refund_id, amount=verdict.amount, currency=verdict.currency, expires_at=window.expires_at
+    )
+    token = tokens.sign(claims, config.signing_secret)  # pure: the same token on every replay
+    link = f"{config.public_url.rstrip('/')}/approve/{token}"
     await DBOS.set_event_async(
         APPROVAL_EVENT,
         {
@@ -50,11 +63,14 @@ async def await_decision(
         },
     )
     money = format_money(verdict.amount, verdict.currency)
-    notify_approvers_step(refund_id, kind="request", text=f"Refund {refund_id} of {money} needs approval: {reason}")
+    text = f"Refund {refund_id} of {money} needs approval: {reason}"
+    notify_approvers_step(refund_id, kind="request", text=f"{text}\nDecide: {link}")
+    if slack_enabled():
+        slack_approvers_step(refund_id, text=text, link=link, token=token)
     message = await DBOS.recv_async(APPROVAL_TOPIC, timeout_seconds=escalate_after)
     if message is None:
         notify_approvers_step(
-            refund_id, kind="escalation", text=f"Escalation: refund {refund_id} of {money} is still waiting."
+            refund_id, kind="escalation", text=f"Escalation: refund {refund_id} of {money} is still waiting: {link}"
         )
         message = await DBOS.recv_async(APPROVAL_TOPIC, timeout_seconds=max(timeout - escalate_after, 0.0))
     if message is not None:

@@ -56,6 +56,16 @@ def cmd_worker(_: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from agent.server import serve
+
+    overrides = {k: v for k, v in {"refund_agent_host": args.host, "refund_agent_port": args.port}.items() if v}
+    settings = get_settings().model_copy(update=overrides)
+    print(f"refund-agent API on http://{settings.refund_agent_host}:{settings.refund_agent_port} (docs at /docs)")
+    serve(settings)
+    return 0
+
+
 def cmd_sandbox(args: argparse.Namespace) -> int:
     from sandbox.payments import run_sandbox
 
@@ -171,6 +181,10 @@ def parser() -> argparse.ArgumentParser:
     seed.add_argument("--reset", action="store_true", help="restore seeded orders to their original amounts")
     seed.set_defaults(func=cmd_seed)
     sub.add_parser("worker", help="run refund workflows from the queue").set_defaults(func=cmd_worker)
+    serve = sub.add_parser("serve", help="HTTP API + worker (+ the payments sandbox when no provider is set)")
+    serve.add_argument("--host", default=None)
+    serve.add_argument("--port", type=int, default=None)
+    serve.set_defaults(func=cmd_serve)
     sb = sub.add_parser("sandbox-payments", help="run the local Stripe-compatible payments sandbox")
     sb.add_argument("--port", type=int, default=None)
     sb.add_argument("--host", default="127.0.0.1")

@@ -12,7 +12,7 @@ from pydantic_ai import Agent
 from pydantic_ai.models import Model
 
 from agent.settings import Settings, get_settings
-from steps import faults, payments
+from steps import faults, notify, payments
 from steps.store import close_app_database, create_engine, normalize_url, open_app_database
 
 log = logging.getLogger(__name__)
@@ -27,6 +27,7 @@ class Runtime:
     agent: Agent[Any, Any]
     model_label: str
     limits: Any  # policy.Limits (kept untyped here so runtime does not import policy at module level)
+    approvals: Any  # approvals.ApprovalSettings
 
 
 _runtime: Runtime | None = None
@@ -89,10 +90,13 @@ def start(settings: Settings | None = None, *, worker: bool = True, migrate: boo
     """Configure and launch DBOS in this process; with ``worker``, run refunds from the queue."""
     global _runtime
     from agent import policy
+    from agent.approvals import ApprovalSettings
     from agent.brain import build_agent
 
     settings = settings or get_settings()
     faults.arm(settings.refund_agent_crash_at)
+    slack = settings.slack_webhook_url
+    notify.configure(notify.NotifyConfig(slack.get_secret_value() if slack else None))
     payments.configure(
         payments.PaymentsConfig(
             base_url=settings.payments_base_url,
@@ -114,7 +118,13 @@ def start(settings: Settings | None = None, *, worker: bool = True, migrate: boo
         auto_approve_by_currency=settings.auto_approve_limits,
         absolute_cap_by_currency=settings.absolute_refund_caps,
     )
-    _runtime = Runtime(settings=settings, agent=agent, model_label=label, limits=limits)
+    approval_settings = ApprovalSettings(
+        escalate_after=settings.approval_escalate_after_seconds,
+        timeout=settings.approval_timeout_seconds,
+        signing_secret=settings.signing_secret(),
+        public_url=settings.public_url,
+    )
+    _runtime = Runtime(settings=settings, agent=agent, model_label=label, limits=limits, approvals=approval_settings)
     if not worker:
         DBOS.listen_queues([])
     DBOS.launch()

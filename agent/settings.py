@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import secrets
 import socket
 from decimal import Decimal
 from functools import cache
@@ -46,6 +48,19 @@ class Settings(BaseSettings):
     approval_escalate_after_seconds: float = 4 * 3600
     approval_timeout_seconds: float = 72 * 3600
 
+    refund_agent_api_token: SecretStr | None = None
+    """Bearer token for the HTTP API. Unset: generated on first start and kept in the data directory."""
+    approval_signing_secret: SecretStr | None = None
+    """HMAC key of approval links. Unset: generated on first start and kept in the data directory."""
+    refund_agent_public_url: str | None = None
+    """Where approvers reach this service (used in approval links). Unset: http://HOST:PORT."""
+    refund_agent_host: str = "127.0.0.1"
+    refund_agent_port: int = 8000
+    slack_webhook_url: SecretStr | None = None
+    """Incoming webhook for approval requests. Unset: approval requests go to the outbox and the log."""
+    slack_signing_secret: SecretStr | None = None
+    """Verifies Slack's interactive requests (Approve / Reject buttons)."""
+
     payments_api_base: str | None = None
     """Stripe-compatible API base. Unset: the local payments sandbox."""
     payments_api_key: SecretStr = SecretStr("sk_test_sandbox")
@@ -81,6 +96,43 @@ class Settings(BaseSettings):
     @property
     def payments_base_url(self) -> str:
         return self.payments_api_base or f"http://127.0.0.1:{self.payments_sandbox_port}"
+
+    def api_token(self) -> str:
+        if self.refund_agent_api_token is not None:
+            return self.refund_agent_api_token.get_secret_value()
+        return self._generated_secret("api_token")
+
+    def signing_secret(self) -> bytes:
+        if self.approval_signing_secret is not None:
+            return self.approval_signing_secret.get_secret_value().encode()
+        return self._generated_secret("approval_signing.key").encode()
+
+    def api_token_file(self) -> Path:
+        return self.refund_agent_data_dir.resolve() / "api_token"
+
+    def _generated_secret(self, name: str) -> str:
+        """A random secret kept (mode 0600) in the data directory: the embedded default's convenience."""
+        path = self.refund_agent_data_dir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return path.read_text().strip()  # another process made it first
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_urlsafe(32))
+        return path.read_text().strip()
+
+    @property
+    def public_url(self) -> str:
+        return self.refund_agent_public_url or f"http://{self.refund_agent_host}:{self.refund_agent_port}"
+
+    @property
+    def uses_sandbox(self) -> bool:
+        return self.payments_api_base is None
+
+    @property
+    def embedded(self) -> bool:
+        return self.app_database_url.startswith("sqlite")
 
     def _sqlite_url(self, name: str) -> str:
         self.refund_agent_data_dir.mkdir(parents=True, exist_ok=True)

@@ -48,13 +48,7 @@ async def refund_workflow(refund_id: str, request: dict[str, Any]) -> dict[str, 
         return await _finish(refund_id, req, Phase.REJECTED, verdict.summary, proposal.customer_reply)
     if verdict.kind == "needs_approval":
         await DBOS.set_event_async(PHASE_EVENT, Phase.AWAITING_APPROVAL.value)
-        decision = await approvals.await_decision(
-            refund_id,
-            verdict,
-            reason=proposal.reason,
-            escalate_after=rt.settings.approval_escalate_after_seconds,
-            timeout=rt.settings.approval_timeout_seconds,
-        )
+        decision = await approvals.await_decision(refund_id, verdict, reason=proposal.reason, config=rt.approvals)
         if decision.decision != "approve" or (decision.amount, decision.currency) != (
             verdict.amount,
             verdict.currency,

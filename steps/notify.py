@@ -3,13 +3,34 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import sqlalchemy as sa
+from dbos import DBOS
+from slack_sdk.webhook import WebhookClient
 
 from steps.store import outbox, session, transaction
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class NotifyConfig:
+    slack_webhook_url: str | None = None
+
+
+_config = NotifyConfig()
+
+
+def configure(config: NotifyConfig) -> None:
+    global _config
+    _config = config
+
+
+def slack_enabled() -> bool:
+    return _config.slack_webhook_url is not None
 
 
 def _queue(message_key: str, refund_id: str, channel: str, recipient: str, body: str) -> None:
@@ -40,3 +61,42 @@ def notify_customer_step(refund_id: str, *, customer_id: str, text: str) -> None
 def messages(conn: sa.Connection, refund_id: str) -> list[dict[str, str]]:
     rows = conn.execute(sa.select(outbox).where(outbox.c.refund_id == refund_id).order_by(outbox.c.id))
     return [{"channel": r.channel, "recipient": r.recipient, "body": r.body} for r in rows]
+
+
+def approval_blocks(*, text: str, link: str, token: str) -> list[dict[str, Any]]:
+    """A Block Kit message: the request, Approve/Reject buttons (carrying the signed token), the link."""
+    return [
+        {"type": "section", "text": {"type": "mrkdwn", "text": text}},
+        {
+            "type": "actions",
+            "elements": [
+                {
+                    "type": "button",
+                    "action_id": "approve",
+                    "style": "primary",
+                    "value": token,
+                    "text": {"type": "plain_text", "text": "Approve"},
+                },
+                {
+                    "type": "button",
+                    "action_id": "reject",
+                    "style": "danger",
+                    "value": token,
+                    "text": {"type": "plain_text", "text": "Reject"},
+                },
+                {"type": "button", "action_id": "open", "url": link, "text": {"type": "plain_text", "text": "Open"}},
+            ],
+        },
+    ]
+
+
+@DBOS.step(name="notify.slack_approvers", retries_allowed=True, max_attempts=5, interval_seconds=2.0)
+def slack_approvers_step(refund_id: str, *, text: str, link: str, token: str) -> None:
+    """Post the approval request to Slack's incoming webhook (only when one is configured)."""
+    assert _config.slack_webhook_url is not None
+    response = WebhookClient(_config.slack_webhook_url).send(
+        text=text, blocks=approval_blocks(text=text, link=link, token=token)
+    )
+    if response.status_code >= 400:
+        raise RuntimeError(f"Slack webhook answered {response.status_code} for refund {refund_id}")
+    log.info("approval request for refund %s posted to Slack", refund_id)

@@ -98,6 +98,14 @@ outbox = sa.Table(
 )
 
 
+slack_deliveries = sa.Table(
+    "slack_deliveries",
+    metadata,
+    sa.Column("signature", sa.String(128), primary_key=True),  # each signed request is processed once
+    sa.Column("received_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+)
+
+
 def utc(value: datetime) -> datetime:
     """SQLite hands timestamps back naive; everything here is stored in UTC."""
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)

@@ -1,0 +1,219 @@
+"""HTTP routes for refunds and orders: validate, then hand over to the workflow. Thin on purpose."""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import json
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Annotated, Any, Literal
+
+import sqlalchemy as sa
+from dbos import DBOSClient
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from agent import policy, tokens
+from agent.domain import RefundRequest
+from agent.problems import Problem
+from agent.settings import Settings
+from agent.status import refund_status
+from agent.submit import SubmissionError, submit_refund
+from steps.orders import list_orders
+from steps.records import from_minor, quantize
+from steps.store import app_db, refunds
+
+_AMOUNT = re.compile(r"^\d{1,12}(\.\d{1,2})?$")
+Status = Literal["received", "deciding", "awaiting_approval", "paying", "completed", "rejected", "failed", "cancelled"]
+
+
+@dataclass
+class Services:
+    settings: Settings
+    client: DBOSClient
+    limits: policy.Limits
+    api_token: str
+    signing_secret: bytes
+
+
+def services(request: Request) -> Services:
+    found: Services = request.app.state.services
+    return found
+
+
+ServicesDep = Annotated[Services, Depends(services)]
+
+
+def require_token(svc: ServicesDep, authorization: Annotated[str | None, Header()] = None) -> None:
+    """Bearer token on every route that reads or changes refunds; compared in constant time."""
+    scheme, _, presented = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(presented.strip().encode(), svc.api_token.encode()):
+        raise Problem(401, "a valid API token is required (Authorization: Bearer <token>)")
+
+
+Authorized = Depends(require_token)
+router = APIRouter(dependencies=[Authorized])
+
+
+class RefundIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    order_id: str = Field(min_length=1, max_length=64)
+    message: str = Field(min_length=1, max_length=4000)
+    amount: str | None = Field(default=None, description='decimal string, e.g. "42.50"')
+    currency: str | None = Field(default=None, min_length=3, max_length=3)
+
+    @field_validator("amount")
+    @classmethod
+    def _decimal_string(cls, value: str | None) -> str | None:
+        if value is not None and not _AMOUNT.match(value):
+            raise ValueError('amount must be a positive decimal string such as "42.50"')
+        return value
+
+
+class Accepted(BaseModel):
+    refund_id: str
+    status: Status
+    status_url: str
+
+
+@router.post("/refunds", status_code=202, response_model=Accepted, tags=["refunds"])
+def create_refund(
+    body: RefundIn,
+    svc: ServicesDep,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+) -> Accepted:
+    """Accept a refund request; the Idempotency-Key becomes the refund id (and the workflow id)."""
+    if not idempotency_key:
+        raise Problem(400, "the Idempotency-Key header is required")
+    try:
+        request = RefundRequest(
+            order_id=body.order_id,
+            message=body.message,
+            amount=Decimal(body.amount) if body.amount else None,
+            currency=body.currency,
+        )
+    except ValidationError as error:
+        raise Problem(422, "; ".join(str(e["msg"]) for e in error.errors())) from error
+    try:
+        sub = submit_refund(
+            svc.client,
+            idempotency_key=idempotency_key,
+            request=request,
+            app_version=svc.settings.refund_agent_app_version,
+        )
+    except SubmissionError as error:
+        raise Problem(error.status, str(error)) from error
+    if not sub.created:
+        response.status_code = 200
+    status = refund_status(svc.client, sub.refund_id)
+    return Accepted(
+        refund_id=sub.refund_id,
+        status=status["status"] if status else "received",
+        status_url=f"/refunds/{sub.refund_id}",
+    )
+
+
+def _with_links(svc: Services, status: dict[str, Any]) -> dict[str, Any]:
+    approval: dict[str, Any] = status.get("approval") or {}
+    request = approval.get("requested")
+    if request and status["status"] == "awaiting_approval":
+        claims = tokens.ApprovalClaims(
+            refund_id=status["refund_id"],
+            amount=Decimal(request["amount"]),
+            currency=request["currency"],
+            expires_at=datetime.fromisoformat(request["expires_at"]),
+        )
+        token = tokens.sign(claims, svc.signing_secret)
+        base = svc.settings.public_url.rstrip("/")
+        approval["token"] = token
+        approval["approve_url"] = f"{base}/approve/{token}?decision=approve"
+        approval["reject_url"] = f"{base}/approve/{token}?decision=reject"
+    return status
+
+
+@router.get("/refunds/{refund_id}", tags=["refunds"])
+def get_refund(refund_id: str, svc: ServicesDep) -> dict[str, Any]:
+    """Status, amounts, approval, payment and the DBOS step timeline of one refund."""
+    status = refund_status(svc.client, refund_id)
+    if status is None:
+        raise Problem(404, f"no refund {refund_id}")
+    return _with_links(svc, status)
+
+
+def _cursor(created: datetime, refund_id: str) -> str:
+    return base64.urlsafe_b64encode(json.dumps([created.isoformat(), refund_id]).encode()).decode()
+
+
+def _uncursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        created, refund_id = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+        return datetime.fromisoformat(created), str(refund_id)
+    except (ValueError, TypeError) as error:
+        raise Problem(400, "cursor is not one this API returned") from error
+
+
+@router.get("/refunds", tags=["refunds"])
+def list_refunds(
+    svc: ServicesDep,
+    status: Status | None = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    cursor: str | None = None,
+) -> dict[str, Any]:
+    """Refunds, newest first, a page at a time (pass ``next_cursor`` back as ``cursor``)."""
+    query = sa.select(refunds).order_by(refunds.c.created_at.desc(), refunds.c.refund_id.desc()).limit(limit + 1)
+    if status is not None:
+        query = query.where(refunds.c.status == status)
+    if cursor:
+        created, refund_id = _uncursor(cursor)
+        query = query.where(
+            sa.or_(
+                refunds.c.created_at < created,
+                sa.and_(refunds.c.created_at == created, refunds.c.refund_id < refund_id),
+            )
+        )
+    with app_db().engine.connect() as conn:
+        rows = list(conn.execute(query))
+    page = rows[:limit]
+    items = [
+        {
+            "refund_id": r.refund_id,
+            "status": r.status,
+            "order_id": r.order_id,
+            "currency": r.currency,
+            "amount": str(from_minor(m, r.currency))
+            if (m := r.proposed_amount_minor or r.requested_amount_minor)
+            else None,
+            "created_at": r.created_at.isoformat(),
+        }
+        for r in page
+    ]
+    more = len(rows) > limit
+    return {"items": items, "next_cursor": _cursor(page[-1].created_at, page[-1].refund_id) if more else None}
+
+
+@router.get("/orders", tags=["orders"])
+def get_orders(
+    svc: ServicesDep, limit: Annotated[int, Query(ge=1, le=100)] = 20, cursor: str | None = None
+) -> dict[str, Any]:
+    """Orders with what policy would allow refunding now."""
+    now = datetime.now(UTC)
+    with app_db().engine.connect() as conn:
+        page = list_orders(conn, limit=limit + 1, after=cursor)
+    items = [
+        {
+            "order_id": o.order_id,
+            "customer_id": o.customer_id,
+            "currency": o.currency,
+            "amount_captured": str(o.amount_captured),
+            "amount_refunded": str(o.amount_refunded),
+            "status": o.status,
+            "refundable": str(quantize(policy.refundable(o, now, svc.limits.window_days), o.currency)),
+        }
+        for o in page[:limit]
+    ]
+    return {"items": items, "next_cursor": page[limit - 1].order_id if len(page) > limit else None}

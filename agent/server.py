@@ -1,0 +1,104 @@
+"""`refund-agent serve`: the HTTP API with a worker in process, DBOS launched in the lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import sqlalchemy as sa
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from agent import __version__, api, api_approvals, problems, runtime
+from agent.processes import child_env, http_ok, spawn, stop, wait_for
+from agent.settings import Settings, get_settings
+from steps.seed import seed
+from steps.store import app_db, orders
+
+log = logging.getLogger(__name__)
+
+
+def _start_sandbox(settings: Settings) -> subprocess.Popen[bytes] | None:
+    """Start the payments sandbox unless one already answers on its port (e.g. left by a killed server)."""
+    health = f"{settings.payments_base_url}/_sandbox/healthz"
+    if http_ok(health):
+        return None
+    proc = spawn(
+        ["sandbox-payments", "--port", str(settings.payments_sandbox_port)],
+        env=child_env({}),
+        log=settings.refund_agent_data_dir / "payments_sandbox.log",
+    )
+    wait_for(lambda: http_ok(health), timeout=30, what="the payments sandbox")
+    log.info("payments sandbox started on %s (pid %d)", settings.payments_base_url, proc.pid)
+    return proc
+
+
+def create_app(settings: Settings | None = None, *, worker: bool = True) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        sandbox = await asyncio.to_thread(_start_sandbox, settings) if settings.uses_sandbox else None
+        rt = await asyncio.to_thread(runtime.start, settings, worker=worker)
+        if settings.embedded:
+            with app_db().engine.connect() as conn:
+                empty = conn.execute(sa.select(sa.func.count()).select_from(orders)).scalar_one() == 0
+            if empty:
+                seed(app_db().engine)
+        token = settings.api_token()
+        if settings.refund_agent_api_token is None:
+            log.warning("API token generated: read it from %s", settings.api_token_file())
+        client = runtime.client(settings)
+        app.state.services = api.Services(settings, client, rt.limits, token, settings.signing_secret())
+        try:
+            yield
+        finally:
+            client.destroy()
+            await asyncio.to_thread(runtime.stop, 10)
+            if sandbox is not None:
+                stop(sandbox)
+
+    app = FastAPI(
+        title="refund-agent",
+        version=__version__,
+        description="A durable AI refund agent: submit refunds, follow them, approve them.",
+        lifespan=lifespan,
+    )
+    problems.install(app)
+    app.include_router(api.router)
+    app.include_router(api_approvals.router)
+
+    @app.get("/healthz", tags=["health"])
+    def healthz() -> dict[str, bool]:
+        """The process is alive."""
+        return {"ok": True}
+
+    @app.get("/readyz", tags=["health"], response_model=None)
+    def readyz(request: Request) -> dict[str, Any] | JSONResponse:
+        """The databases answer and DBOS is launched."""
+        checks: dict[str, bool] = {}
+        try:
+            with app_db().engine.connect() as conn:
+                checks["app_database"] = conn.execute(sa.text("SELECT 1")).scalar_one() == 1
+            svc: api.Services = request.app.state.services
+            svc.client.list_workflows(limit=1, load_input=False, load_output=False)
+            checks["system_database"] = True
+            checks["dbos_launched"] = runtime.current() is not None
+        except Exception as error:
+            log.warning("not ready: %s", type(error).__name__)
+            return problems.problem(503, f"not ready: {type(error).__name__}", checks=checks)
+        return {"ok": True, "checks": checks}
+
+    return app
+
+
+def serve(settings: Settings | None = None) -> None:
+    settings = settings or get_settings()
+    uvicorn.run(
+        create_app(settings), host=settings.refund_agent_host, port=settings.refund_agent_port, log_level="info"
+    )

@@ -1,0 +1,74 @@
+"""Signed approval tokens: HMAC-SHA256 over the refund, the amount, the currency and an expiry."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+
+
+class TokenError(Exception):
+    """``code`` is ``invalid`` (forged, malformed) or ``expired``."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class ApprovalClaims:
+    refund_id: str
+    amount: Decimal
+    currency: str
+    expires_at: datetime
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def sign(claims: ApprovalClaims, secret: bytes) -> str:
+    body = json.dumps(
+        {
+            "r": claims.refund_id,
+            "a": str(claims.amount),
+            "c": claims.currency,
+            "e": int(claims.expires_at.timestamp()),
+        },
+        separators=(",", ":"),
+        sort_keys=True,
+    ).encode()
+    mac = hmac.new(secret, body, hashlib.sha256).digest()
+    return f"{_b64(body)}.{_b64(mac)}"
+
+
+def verify(token: str, secret: bytes, *, now: datetime | None = None) -> ApprovalClaims:
+    """The claims of a genuine, unexpired token; anything else raises TokenError."""
+    try:
+        body_part, mac_part = token.split(".")
+        body, mac = _unb64(body_part), _unb64(mac_part)
+    except (ValueError, TypeError) as error:
+        raise TokenError("invalid", "malformed approval token") from error
+    if not hmac.compare_digest(mac, hmac.new(secret, body, hashlib.sha256).digest()):
+        raise TokenError("invalid", "approval token signature does not verify")
+    try:
+        data = json.loads(body)
+        claims = ApprovalClaims(
+            refund_id=str(data["r"]),
+            amount=Decimal(data["a"]),
+            currency=str(data["c"]),
+            expires_at=datetime.fromtimestamp(int(data["e"]), UTC),
+        )
+    except (ValueError, KeyError, TypeError, InvalidOperation) as error:
+        raise TokenError("invalid", "malformed approval token") from error
+    if (now or datetime.now(UTC)) >= claims.expires_at:
+        raise TokenError("expired", "this approval link has expired")
+    return claims
