@@ -10,7 +10,7 @@ from typing import Any, Literal
 from dbos import DBOS, DBOSClient
 
 from agent import tokens
-from agent.domain import ApprovalRecord, Verdict
+from agent.domain import PHASE_EVENT, ApprovalRecord, Phase, Verdict
 from steps.faults import crash_point
 from steps.notify import notify_approvers_step, slack_approvers_step, slack_enabled
 from steps.records import format_money
@@ -62,6 +62,7 @@ async def await_decision(refund_id: str, verdict: Verdict, *, reason: str, confi
             "expires_at": window.expires_at.isoformat(),
         },
     )
+    await DBOS.set_event_async(PHASE_EVENT, Phase.AWAITING_APPROVAL.value)  # after the request it refers to
     money = format_money(verdict.amount, verdict.currency)
     text = f"Refund {refund_id} of {money} needs approval: {reason}"
     notify_approvers_step(refund_id, kind="request", text=f"{text}\nDecide: {link}")

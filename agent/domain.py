@@ -11,10 +11,24 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from steps.records import CURRENCY_EXPONENTS, ApprovalRecord
 
-__all__ = ["ApprovalRecord", "Phase", "RefundProposal", "RefundRequest", "Verdict", "VerdictKind"]
+__all__ = [
+    "OUTCOME_EVENT",
+    "PHASE_EVENT",
+    "ApprovalRecord",
+    "Phase",
+    "RefundProposal",
+    "RefundRequest",
+    "Verdict",
+    "VerdictKind",
+]
 
 MAX_MESSAGE_CHARS = 4000
 _ORDER_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+
+# Durable names: events every refund workflow publishes; never rename them.
+PHASE_EVENT = "phase"
+OUTCOME_EVENT = "outcome"
 
 
 class Phase(StrEnum):

@@ -110,7 +110,7 @@ def start(settings: Settings | None = None, *, worker: bool = True, migrate: boo
     agent = _agents.get(label) or _agents.setdefault(label, build_agent(model))
     importlib.import_module("agent.workflow")  # registers the workflow before launch, for recovery
     DBOS(config=dbos_config(settings))
-    open_app_database(settings.app_database_url)
+    open_app_database(settings.app_database_url, durable=True)
     limits = policy.Limits(
         auto_approve=settings.auto_approve_limit,
         absolute_cap=settings.absolute_refund_cap,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,6 +22,18 @@ from steps.seed import seed
 from steps.store import app_db, orders
 
 log = logging.getLogger(__name__)
+_TOKEN_PATH = re.compile(r"/approve/[^?\s\"]+")
+
+
+class RedactApprovalTokens(logging.Filter):
+    """Approval tokens are capabilities: keep them out of access logs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(
+                _TOKEN_PATH.sub("/approve/<token>", a) if isinstance(a, str) else a for a in record.args
+            )
+        return True
 
 
 def _start_sandbox(settings: Settings) -> subprocess.Popen[bytes] | None:
@@ -43,6 +56,7 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Fast
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        logging.getLogger("uvicorn.access").addFilter(RedactApprovalTokens())
         sandbox = await asyncio.to_thread(_start_sandbox, settings) if settings.uses_sandbox else None
         rt = await asyncio.to_thread(runtime.start, settings, worker=worker)
         if settings.embedded:

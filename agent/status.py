@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from dbos import DBOSClient
 
 from agent.approvals import APPROVAL_EVENT
-from agent.workflow import OUTCOME_EVENT, PHASE_EVENT
+from agent.domain import OUTCOME_EVENT, PHASE_EVENT
 from steps.records import from_minor
 from steps.refunds import recorded_decision
 from steps.store import app_db, refunds

@@ -9,7 +9,7 @@ from dbos import DBOS
 
 from agent import approvals, policy
 from agent.brain import AgentDeps, prompt_for
-from agent.domain import Phase, RefundProposal, RefundRequest, Verdict
+from agent.domain import OUTCOME_EVENT, PHASE_EVENT, Phase, RefundProposal, RefundRequest, Verdict
 from agent.runtime import current
 from steps.notify import notify_customer_step
 from steps.orders import load_order_step
@@ -18,10 +18,8 @@ from steps.refunds import prepare_payment_step, record_outcome_step, record_paym
 
 log = logging.getLogger(__name__)
 
-# Durable names: recorded with every workflow; never rename them.
+# Durable name: recorded with every workflow; never rename it.
 REFUND_WORKFLOW = "refund_workflow"
-PHASE_EVENT = "phase"
-OUTCOME_EVENT = "outcome"
 
 
 @DBOS.workflow(name=REFUND_WORKFLOW)
@@ -47,7 +45,6 @@ async def refund_workflow(refund_id: str, request: dict[str, Any]) -> dict[str, 
     if verdict.kind == "refuse":
         return await _finish(refund_id, req, Phase.REJECTED, verdict.summary, proposal.customer_reply)
     if verdict.kind == "needs_approval":
-        await DBOS.set_event_async(PHASE_EVENT, Phase.AWAITING_APPROVAL.value)
         decision = await approvals.await_decision(refund_id, verdict, reason=proposal.reason, config=rt.approvals)
         if decision.decision != "approve" or (decision.amount, decision.currency) != (
             verdict.amount,

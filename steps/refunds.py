@@ -39,6 +39,15 @@ def register_request(
     *, refund_id: str, order_id: str, request_hash: str, currency: str, requested: Decimal | None
 ) -> RegisteredRequest:
     """Claim a request key before its workflow starts; a key already taken returns the first claim."""
+    try:
+        return _register(refund_id, order_id, request_hash, currency, requested)
+    except sa.exc.IntegrityError:  # a concurrent request with the same key inserted first: read its claim
+        return _register(refund_id, order_id, request_hash, currency, requested)
+
+
+def _register(
+    refund_id: str, order_id: str, request_hash: str, currency: str, requested: Decimal | None
+) -> RegisteredRequest:
     now = datetime.now(UTC)
     with app_db().engine.begin() as conn:
         existing = conn.execute(

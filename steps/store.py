@@ -141,17 +141,19 @@ def create_engine(url: str, **kwargs: Any) -> sa.Engine:
 class AppDatabase:
     url: str
     engine: sa.Engine
-    datasource: SQLAlchemyDatasource
+    datasource: SQLAlchemyDatasource | None
 
 
 _current: AppDatabase | None = None
 
 
-def open_app_database(url: str) -> AppDatabase:
-    """Connect the application database and its DBOS datasource (called by the runtime, once)."""
+def open_app_database(url: str, *, durable: bool = False) -> AppDatabase:
+    """Connect the application database; ``durable`` also creates the DBOS datasource that steps
+    write through (only processes that run workflows need it, and only before ``DBOS.launch()``)."""
     global _current
     engine = create_engine(url)
-    _current = AppDatabase(url, engine, SQLAlchemyDatasource.create(normalize_url(url), engine=engine))
+    datasource = SQLAlchemyDatasource.create(normalize_url(url), engine=engine) if durable else None
+    _current = AppDatabase(url, engine, datasource)
     return _current
 
 
@@ -168,9 +170,16 @@ def app_db() -> AppDatabase:
     return _current
 
 
+def _datasource() -> SQLAlchemyDatasource:
+    datasource = app_db().datasource
+    if datasource is None:
+        raise RuntimeError("this process opened the application database without a DBOS datasource")
+    return datasource
+
+
 def session() -> Session:
     """The session of the datasource transaction in progress."""
-    return app_db().datasource.sql_session()
+    return _datasource().sql_session()
 
 
 def transaction(name: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
@@ -179,7 +188,7 @@ def transaction(name: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
     def decorator(func: Callable[P, R]) -> Callable[P, R]:
         @wraps(func)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            return app_db().datasource.run_tx_step({"name": name}, func, *args, **kwargs)
+            return _datasource().run_tx_step({"name": name}, func, *args, **kwargs)
 
         return wrapper
 
