@@ -152,6 +152,8 @@ def _cursor(created: datetime, refund_id: str) -> str:
 def _uncursor(cursor: str) -> tuple[datetime, str]:
     try:
         created, refund_id = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+        if "\x00" in str(refund_id):
+            raise ValueError("NUL in cursor")
         return datetime.fromisoformat(created), str(refund_id)
     except (ValueError, TypeError) as error:
         raise Problem(400, "cursor is not one this API returned") from error

@@ -141,7 +141,8 @@ async def slack_interactions(request: Request, svc: ServicesDep) -> JSONResponse
     body = await request.body()
     signature = request.headers.get("X-Slack-Signature", "")
     verifier = SignatureVerifier(secret.get_secret_value())
-    if not verifier.is_valid(body, request.headers.get("X-Slack-Request-Timestamp", ""), signature):
+    stamp = request.headers.get("X-Slack-Request-Timestamp", "")
+    if not stamp.isdigit() or not verifier.is_valid(body, stamp, signature):
         raise Problem(401, "Slack signature missing, wrong or stale")
     if not await asyncio.to_thread(_first_delivery, signature):
         raise Problem(409, "this Slack request was already processed")

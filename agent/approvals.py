@@ -105,8 +105,8 @@ def decide(
     """Record a person's decision, bound to the amount and currency they saw, and wake the workflow."""
     now = now or datetime.now(UTC)
     approver = approver.strip()
-    if not approver:
-        raise ApprovalError("invalid", "an approver name is required")
+    if not approver or "\x00" in approver or len(approver) > 200:
+        raise ApprovalError("invalid", "an approver name (1-200 characters, no NUL) is required")
     with app_db().engine.connect() as conn:
         existing = recorded_decision(conn, refund_id)
     if existing is not None and existing.decision == "expired":

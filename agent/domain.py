@@ -66,6 +66,8 @@ class RefundRequest(BaseModel):
     def _message(cls, value: str) -> str:
         if not value.strip():
             raise ValueError("message must not be empty")
+        if "\x00" in value:
+            raise ValueError("message must not contain NUL characters")
         if len(value) > MAX_MESSAGE_CHARS:
             raise ValueError(f"message must be at most {MAX_MESSAGE_CHARS} characters")
         return value
@@ -110,6 +112,11 @@ class RefundProposal(BaseModel):
     @classmethod
     def _upper(cls, value: str) -> str:
         return value.strip().upper()
+
+    @field_validator("reason", "customer_reply")
+    @classmethod
+    def _printable(cls, value: str) -> str:
+        return value.replace("\x00", "")  # model text is stored in Postgres, which refuses NUL
 
 
 VerdictKind = Literal["auto_approve", "needs_approval", "refuse"]

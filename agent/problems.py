@@ -73,6 +73,8 @@ def install(app: FastAPI) -> None:
 
     @app.middleware("http")
     async def _limits(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        if "\x00" in request.scope["path"] or b"%00" in request.scope["query_string"].lower():
+            return problem(400, "NUL characters are not allowed in URLs")
         if request.method in ("POST", "PUT", "PATCH"):
             length = request.headers.get("content-length")
             if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):

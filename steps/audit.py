@@ -15,6 +15,7 @@ from steps.records import AuditEntry
 from steps.store import audit_log, utc
 
 GENESIS = "0" * 64
+AUDIT_CHAIN_LOCK = 7_261_002
 
 
 def _digest(seq: int, refund_id: str, event: str, payload: str, created_at: datetime, prev: str) -> str:
@@ -25,7 +26,14 @@ def _digest(seq: int, refund_id: str, event: str, payload: str, created_at: date
 def append(
     session: sa.Connection | Session, *, refund_id: str, event: str, payload: dict[str, Any], now: datetime
 ) -> str:
-    """Append one entry inside the caller's transaction, so it commits with the change it describes."""
+    """Append one entry inside the caller's transaction, so it commits with the change it describes.
+
+    The chain is a total order: on Postgres concurrent appenders queue on a transaction-scoped
+    advisory lock (released at commit); SQLite's IMMEDIATE transactions already serialize writers.
+    """
+    dialect = session.dialect if isinstance(session, sa.Connection) else session.get_bind().dialect
+    if dialect.name == "postgresql":
+        session.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": AUDIT_CHAIN_LOCK})
     last = session.execute(
         sa.select(audit_log.c.seq, audit_log.c.hash).order_by(audit_log.c.seq.desc()).limit(1)
     ).first()

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict
 from steps import audit
 from steps.orders import ORDER_QUERY, order_from_row
 from steps.records import ApprovalRecord, OrderSnapshot, ProviderRefund, from_minor, to_minor
-from steps.store import app_db, approval_decisions, orders, refunds, session, transaction, utc
+from steps.store import app_db, approval_decisions, insert_if_absent, orders, refunds, session, transaction, utc
 
 
 class RegisteredRequest(BaseModel):
@@ -132,20 +132,19 @@ def recorded_decision(conn: sa.Connection | Any, refund_id: str) -> ApprovalReco
 
 def _claim_decision(conn: Any, record: ApprovalRecord) -> tuple[ApprovalRecord, bool]:
     """Insert the decision unless one exists; return the recorded one and whether it is ours."""
-    existing = recorded_decision(conn, record.refund_id)
-    if existing is not None:
+    values = {
+        "refund_id": record.refund_id,
+        "decision": record.decision,
+        "approver": record.approver,
+        "amount_minor": to_minor(record.amount, record.currency),
+        "currency": record.currency,
+        "decided_at": record.decided_at,
+        "note": record.note,
+    }
+    if not insert_if_absent(conn, approval_decisions, values):
+        existing = recorded_decision(conn, record.refund_id)
+        assert existing is not None
         return existing, False
-    conn.execute(
-        approval_decisions.insert().values(
-            refund_id=record.refund_id,
-            decision=record.decision,
-            approver=record.approver,
-            amount_minor=to_minor(record.amount, record.currency),
-            currency=record.currency,
-            decided_at=record.decided_at,
-            note=record.note,
-        )
-    )
     audit.append(
         conn,
         refund_id=record.refund_id,

@@ -10,6 +10,8 @@ from typing import Any, ParamSpec, TypeVar
 
 import sqlalchemy as sa
 from dbos import SQLAlchemyDatasource
+from dbos._datasource import DatasourceOptions
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 P = ParamSpec("P")
@@ -106,6 +108,15 @@ slack_deliveries = sa.Table(
 )
 
 
+def insert_if_absent(conn: sa.Connection | Session, table: sa.Table, values: dict[str, Any]) -> bool:
+    """INSERT ... ON CONFLICT DO NOTHING; True when this call inserted the row."""
+    dialect = conn.dialect if isinstance(conn, sa.Connection) else conn.get_bind().dialect
+    insert = postgresql.insert if dialect.name == "postgresql" else sqlite.insert
+    key = next(iter(table.primary_key.columns))
+    inserted = conn.execute(insert(table).values(**values).on_conflict_do_nothing().returning(key)).first()
+    return inserted is not None
+
+
 def utc(value: datetime) -> datetime:
     """SQLite hands timestamps back naive; everything here is stored in UTC."""
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
@@ -188,7 +199,15 @@ def transaction(name: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
     def decorator(func: Callable[P, R]) -> Callable[P, R]:
         @wraps(func)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            return _datasource().run_tx_step({"name": name}, func, *args, **kwargs)
+            datasource = _datasource()
+            # Postgres: READ COMMITTED, with explicit locks where order matters (the audit chain) and
+            # atomic updates elsewhere; a SERIALIZABLE snapshot taken before the audit lock would read a
+            # stale chain head. SQLite serializes writers with IMMEDIATE transactions anyway.
+            options: DatasourceOptions = {
+                "name": name,
+                "isolation_level": "SERIALIZABLE" if app_db().url.startswith("sqlite") else "READ COMMITTED",
+            }
+            return datasource.run_tx_step(options, func, *args, **kwargs)
 
         return wrapper
 

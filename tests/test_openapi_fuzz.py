@@ -1,0 +1,245 @@
+"""Schemathesis against our own OpenAPI: no generated input makes the service answer 5xx.
+
+The real app (``create_app``: DBOS launched in its lifespan, a worker in process, the seeded SQLite
+databases of the ``env`` fixture, its payments sandbox) runs under uvicorn in a thread, one service
+per API operation; Schemathesis generates requests from the app's OpenAPI document (examples,
+coverage and fuzzing phases, valid and invalid data) and sends them over HTTP. Only the SQLite
+backend: the input handling is the same code on Postgres, and it keeps this file fast. What the
+fuzzer cannot reach on its own (real orders, genuinely signed approval tokens) gets its own sweep.
+
+Checks: no 5xx; a 2xx body conforms to its documented schema; the refund routes answer nothing but
+an error without the API token. Server errors found this way stay as regression tests at the end.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import suppress
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+import httpx
+import hypothesis
+import pytest
+import schemathesis
+import uvicorn
+from hypothesis import HealthCheck
+from hypothesis import strategies as st
+from schemathesis import Case, CheckContext, CheckFunction, Response
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import response_schema_conformance
+
+from agent import tokens
+from agent.processes import free_port, wait_for
+from agent.server import create_app
+from agent.settings import Settings
+from steps.records import CURRENCY_EXPONENTS
+from steps.seed import ORDERS
+from tests.conftest import BACKENDS, Env
+
+TOKEN = "test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+SIGNING_SECRET = "test-secret"
+SLACK_SECRET = "test-slack-secret"  # configured, so /slack/interactions runs its verification, not a 404
+
+#: Operations behind the bearer token (the refunds router); the approval routes carry their own proof.
+GUARDED = {("POST", "/refunds"), ("GET", "/refunds"), ("GET", "/refunds/{refund_id}"), ("GET", "/orders")}
+
+# The document only: building the app starts nothing (DBOS launches in the lifespan).
+schema = schemathesis.openapi.from_dict(create_app(Settings()).openapi())
+
+sqlite_only = pytest.mark.parametrize("env", ["sqlite"], indirect=True)
+# Schemathesis's own case strategies draw from `random`; nothing here to act on.
+pytestmark = pytest.mark.filterwarnings("ignore:Do not use the `random` module inside strategies")
+
+
+def bounded(max_examples: int) -> hypothesis.settings:
+    return hypothesis.settings(
+        max_examples=max_examples,
+        deadline=None,
+        database=None,  # no example database under the repository
+        suppress_health_check=[
+            HealthCheck.function_scoped_fixture,  # one service per operation, shared by its examples on purpose
+            HealthCheck.too_slow,
+            HealthCheck.filter_too_much,
+            HealthCheck.data_too_large,
+        ],
+    )
+
+
+class Service:
+    """``create_app`` under uvicorn in a thread; leaving runs the lifespan's shutdown (DBOS destroyed)."""
+
+    def __init__(self, env: Env) -> None:
+        self.port = free_port()
+        settings = env.settings(
+            refund_agent_api_token=TOKEN,
+            approval_signing_secret=SIGNING_SECRET,
+            slack_signing_secret=SLACK_SECRET,
+            refund_agent_port=self.port,
+        )
+        config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=self.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> Service:
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:  # set once the lifespan's startup has finished
+            assert self.thread.is_alive(), "the service exited during startup (see the log above)"
+            assert time.monotonic() < deadline, "the service did not start"
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        with suppress(httpx.HTTPError):  # a service that is down already has nothing to settle
+            wait_for(self._none_waiting, timeout=60, what="refunds waiting for approval to be rejected")
+        self.server.should_exit = True
+        self.thread.join(60)
+        assert not self.thread.is_alive(), "the service did not shut down"
+
+    def _none_waiting(self) -> bool:
+        """Reject, through the API, refunds parked for approval: they would hold shutdown for its drain timeout."""
+        with httpx.Client(base_url=self.base_url, headers=AUTH, timeout=30) as http:
+            listing = http.get("/refunds", params={"status": "awaiting_approval", "limit": 100})
+            if listing.status_code != 200:  # the test has failed already; shutdown's drain timeout bounds the rest
+                return True
+            waiting = listing.json()["items"]
+            for item in waiting:
+                refund_id = item["refund_id"]
+                token = (http.get(f"/refunds/{refund_id}").json().get("approval") or {}).get("token")
+                if token:
+                    decision = {"decision": "reject", "approver": "fuzz-teardown", "token": token}
+                    http.post(f"/refunds/{refund_id}/approval", json=decision)
+        return not waiting
+
+
+@pytest.fixture
+def service_url(env: Env) -> Iterator[str]:
+    with Service(env) as service:
+        yield service.base_url
+
+
+def success_conforms(ctx: CheckContext, response: Response, case: Case[Any]) -> bool | None:
+    """A 2xx body matches its documented schema (errors are RFC 9457 problems, not FastAPI's 422 shape)."""
+    if 200 <= response.status_code < 300:
+        return response_schema_conformance(ctx, response, case)
+    return None
+
+
+CHECKS: list[CheckFunction] = [not_a_server_error, success_conforms]
+
+
+@sqlite_only
+@schema.parametrize()
+@bounded(30)
+def test_generated_requests_never_get_a_server_error(case: Case[Any], service_url: str) -> None:
+    """Every operation, with the API token and then with whatever Authorization header was generated."""
+    case.call_and_validate(base_url=service_url, headers=AUTH, checks=CHECKS)
+    anonymous = case.call_and_validate(base_url=service_url, checks=[not_a_server_error])
+    if (case.method.upper(), case.path) in GUARDED:
+        assert not 200 <= anonymous.status_code < 300, f"{case.method} {case.formatted_path} answered without a token"
+
+
+ORDER_IDS = [order[0] for order in ORDERS]
+#: A few keys only, so examples reuse them: replays (same body) and conflicts (another body) happen too.
+KEYS = [f"fuzz-refund-{i:04d}" for i in range(6)]
+
+
+@sqlite_only
+@schema.include(method="POST", path="/refunds").parametrize()
+@schema.given(order_id=st.sampled_from(ORDER_IDS), key=st.sampled_from(KEYS))
+@bounded(40)
+def test_refund_requests_on_real_orders_never_get_a_server_error(
+    case: Case[Any], order_id: str, key: str, service_url: str
+) -> None:
+    """Generated bodies on the seeded orders with a valid Idempotency-Key: they reach ``submit_refund``."""
+    if isinstance(case.body, dict):
+        case.body["order_id"] = order_id
+    case.call_and_validate(base_url=service_url, headers={**AUTH, "Idempotency-Key": key}, checks=CHECKS)
+
+
+PENDING = "fuzz-pending-0001"  # a 4,200.00 USD refund on ord_1002: above the auto-approve limit, it waits
+
+
+@pytest.fixture
+def pending_refund(service_url: str) -> str:
+    body = {"order_id": "ord_1002", "message": "Everything arrived broken."}
+    response = httpx.post(f"{service_url}/refunds", json=body, headers={**AUTH, "Idempotency-Key": PENDING}, timeout=30)
+    assert response.status_code == 202, response.text
+
+    def parked() -> bool:
+        status = httpx.get(f"{service_url}/refunds/{PENDING}", headers=AUTH, timeout=30).json()
+        return bool(status["status"] == "awaiting_approval")
+
+    wait_for(parked, timeout=60, what="the refund to wait for approval")
+    return PENDING
+
+
+#: Claims our service could have signed: a refund (the pending one, or one that is not waiting), an
+#: amount and currency (the ones it waits for, or others), an expiry in the past or the future.
+CLAIMS = st.builds(
+    tokens.ApprovalClaims,
+    refund_id=st.one_of(st.just(PENDING), st.from_regex(r"\A[A-Za-z0-9_.:-]{8,40}\Z")),
+    amount=st.one_of(st.just(Decimal("4200.00")), st.decimals(min_value=0, max_value=10**9, places=2, allow_nan=False)),
+    currency=st.sampled_from(sorted(CURRENCY_EXPONENTS)),
+    expires_at=st.datetimes(min_value=datetime(2001, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)),
+)
+
+
+@sqlite_only
+@schema.include(path_regex="approv").parametrize()
+@schema.given(claims=CLAIMS)
+@bounded(25)
+def test_signed_approval_tokens_never_get_a_server_error(
+    case: Case[Any], claims: tokens.ApprovalClaims, pending_refund: str, service_url: str
+) -> None:
+    """The approval routes with genuinely signed tokens, so requests get past the signature check."""
+    token = tokens.sign(claims, SIGNING_SECRET.encode())
+    if case.path_parameters is not None:
+        if "token" in case.path_parameters:
+            case.path_parameters["token"] = token
+        if "refund_id" in case.path_parameters:
+            case.path_parameters["refund_id"] = claims.refund_id
+    if isinstance(case.body, dict) and "token" in case.body:
+        case.body["token"] = token
+    case.call_and_validate(base_url=service_url, checks=CHECKS)
+
+
+# Server errors found by fuzzing and probing, fixed; kept as regression tests.
+
+NUL_REQUESTS: list[tuple[str, dict[str, Any]]] = [
+    ("/refunds/%00", {}),
+    ("/orders", {"cursor": "\x00"}),
+    # a cursor as the API makes them (urlsafe base64 of [created_at, refund_id]) whose refund id holds a NUL
+    ("/refunds", {"cursor": "WyIyMDI2LTAxLTAxVDAwOjAwOjAwKzAwOjAwIiwgImFcdTAwMDAiXQ=="}),
+]
+
+
+@pytest.mark.skipif("postgres" not in BACKENDS, reason="REFUND_AGENT_TEST_POSTGRES_URL=off")
+@pytest.mark.parametrize("env", ["postgres"], indirect=True)
+def test_nul_characters_in_ids_and_cursors_are_not_a_server_error_on_postgres(service_url: str) -> None:
+    answers = {
+        path + str(params): httpx.get(service_url + path, params=params, headers=AUTH, timeout=30).status_code
+        for path, params in NUL_REQUESTS
+    }
+    assert all(status < 500 for status in answers.values()), answers
+
+
+@sqlite_only
+@pytest.mark.parametrize("timestamp", [None, "not-a-number"])
+def test_slack_request_without_a_numeric_timestamp_is_refused_not_a_crash(
+    timestamp: str | None, service_url: str
+) -> None:
+    headers = {"Content-Type": "application/x-www-form-urlencoded", "X-Slack-Signature": "v0=00"}
+    if timestamp is not None:
+        headers["X-Slack-Request-Timestamp"] = timestamp
+    response = httpx.post(f"{service_url}/slack/interactions", content=b"payload=%7B%7D", headers=headers, timeout=30)
+    assert response.status_code == 401, response.text
