@@ -232,3 +232,35 @@ def test_bad_submissions_get_clear_errors_and_pay_nothing(
 def test_invalid_requests_are_rejected_before_anything_starts(fields: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         RefundRequest(**{"order_id": "ord_1001", "message": "refund", **fields})
+
+
+def test_concurrent_audit_appends_keep_one_unbroken_chain(env: Env, service: runtime.Runtime) -> None:
+    """Many writers at once (submits and decisions) still produce one total order of audit entries."""
+    from steps.refunds import register_request
+
+    barrier = threading.Barrier(16)
+    errors: list[BaseException] = []
+
+    def claim(i: int) -> None:
+        barrier.wait()
+        try:
+            for j in range(3):
+                register_request(
+                    refund_id=f"audit-race-{i}-{j}",
+                    order_id="ord_1001",
+                    request_hash="h" * 64,
+                    currency="USD",
+                    requested=None,
+                )
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=claim, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    with app_db().engine.connect() as conn:
+        report = audit.verify(conn)
+    assert report.ok and report.entries == 48
