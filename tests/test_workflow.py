@@ -264,3 +264,19 @@ def test_concurrent_audit_appends_keep_one_unbroken_chain(env: Env, service: run
     with app_db().engine.connect() as conn:
         report = audit.verify(conn)
     assert report.ok and report.entries == 48
+
+
+def test_order_refunded_by_hand_while_waiting_is_not_paid_again(env: Env, client: DBOSClient) -> None:
+    """Policy runs again right before paying: an approval cannot pay what is no longer refundable."""
+    from steps.store import orders
+
+    refund_id = submit(client, "key-byhand-0001", "ord_1002")
+    parked(client, refund_id)
+    with app_db().engine.begin() as conn:
+        conn.execute(orders.update().where(orders.c.order_id == "ord_1002").values(amount_refunded_minor=420000))
+    approvals.decide(
+        client, refund_id=refund_id, decision="approve", approver="dana", amount=Decimal("4200.00"), currency="USD"
+    )
+    outcome = result(client, refund_id)
+    assert outcome["status"] == "rejected" and "re-check before paying" in outcome["detail"]
+    assert env.sandbox.refunds("ch_ord_1002") == []
