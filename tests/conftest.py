@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,14 +14,13 @@ import psycopg
 import pydantic_ai.models
 import pytest
 import sqlalchemy as sa
-import uvicorn
 
 from agent import runtime
-from agent.processes import free_port
 from agent.settings import Settings
 from sandbox.payments import create_app
 from steps.seed import seed
 from steps.store import app_db, create_engine
+from tests.servers import ThreadedServer
 
 pydantic_ai.models.ALLOW_MODEL_REQUESTS = False
 
@@ -66,23 +63,12 @@ def drop_databases(dbs: Databases) -> None:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-class SandboxServer:
+class SandboxServer(ThreadedServer):
     """The payments sandbox under uvicorn in a thread: it outlives any worker process a test kills."""
 
     def __init__(self, database_url: str, **kwargs: Any) -> None:
-        self.port = free_port()
-        app = create_app(database_url=database_url, api_key=API_KEY, **kwargs)
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            assert time.monotonic() < deadline, "sandbox did not start"
-            time.sleep(0.02)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        super().__init__(create_app(database_url=database_url, api_key=API_KEY, **kwargs))
+        self.start()
 
     def _get(self, path: str, **params: Any) -> Any:
         response = httpx.get(self.base_url + path, params=params, headers={"Authorization": f"Bearer {API_KEY}"})
@@ -104,8 +90,7 @@ class SandboxServer:
         ).raise_for_status()
 
     def close(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
+        self.stop()
 
 
 @dataclass

@@ -14,11 +14,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from agent.processes import free_port
+from tests.servers import ThreadedServer
 
 OUR_TOOLS = ("get_order", "get_refund_history", "request_refund")
 
@@ -100,10 +99,9 @@ def _call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-class FakeOpenAIServer:
+class FakeOpenAIServer(ThreadedServer):
     def __init__(self, model: ScriptedModel) -> None:
         self.model = model
-        self.port = free_port()
         app = FastAPI()
 
         @app.post("/v1/chat/completions", response_model=None)
@@ -114,22 +112,15 @@ class FakeOpenAIServer:
                 return JSONResponse({"error": {"message": "model server down", "type": "server_error"}}, 500)
             return self.model.answer(await request.json())
 
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        super().__init__(app)
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def __enter__(self) -> FakeOpenAIServer:
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            if time.monotonic() > deadline:
-                raise TimeoutError("fake OpenAI server did not start")
-            time.sleep(0.02)
+        self.start()
         return self
 
     def __exit__(self, *_: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
+        self.stop()

@@ -13,8 +13,6 @@ an error without the API token. Server errors found this way stay as regression 
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import suppress
 from datetime import UTC, datetime
@@ -25,7 +23,6 @@ import httpx
 import hypothesis
 import pytest
 import schemathesis
-import uvicorn
 from hypothesis import HealthCheck
 from hypothesis import strategies as st
 from schemathesis import Case, CheckContext, CheckFunction, Response
@@ -39,6 +36,7 @@ from agent.settings import Settings
 from steps.records import CURRENCY_EXPONENTS
 from steps.seed import ORDERS
 from tests.conftest import BACKENDS, Env
+from tests.servers import ThreadedServer
 
 TOKEN = "test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -70,40 +68,27 @@ def bounded(max_examples: int) -> hypothesis.settings:
     )
 
 
-class Service:
+class Service(ThreadedServer):
     """``create_app`` under uvicorn in a thread; leaving runs the lifespan's shutdown (DBOS destroyed)."""
 
     def __init__(self, env: Env) -> None:
-        self.port = free_port()
+        port = free_port()
         settings = env.settings(
             refund_agent_api_token=TOKEN,
             approval_signing_secret=SIGNING_SECRET,
             slack_signing_secret=SLACK_SECRET,
-            refund_agent_port=self.port,
+            refund_agent_port=port,
         )
-        config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=self.port, log_level="warning")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        super().__init__(create_app(settings), port=port)
 
     def __enter__(self) -> Service:
-        self.thread.start()
-        deadline = time.monotonic() + 60
-        while not self.server.started:  # set once the lifespan's startup has finished
-            assert self.thread.is_alive(), "the service exited during startup (see the log above)"
-            assert time.monotonic() < deadline, "the service did not start"
-            time.sleep(0.05)
+        self.start()
         return self
 
     def __exit__(self, *_: object) -> None:
         with suppress(httpx.HTTPError):  # a service that is down already has nothing to settle
             wait_for(self._none_waiting, timeout=60, what="refunds waiting for approval to be rejected")
-        self.server.should_exit = True
-        self.thread.join(60)
-        assert not self.thread.is_alive(), "the service did not shut down"
+        self.stop()
 
     def _none_waiting(self) -> bool:
         """Reject, through the API, refunds parked for approval: they would hold shutdown for its drain timeout."""
