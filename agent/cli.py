@@ -177,6 +177,7 @@ def parser() -> argparse.ArgumentParser:
         func=cmd_demo
     )
     sub.add_parser("migrate", help="migrate the application database").set_defaults(func=cmd_migrate)
+    sub.add_parser("eval", help="evaluate the agent's refund decisions on the dataset (any model); eval --help")
     seed = sub.add_parser("seed", help="load demo customers and orders")
     seed.add_argument("--reset", action="store_true", help="restore seeded orders to their original amounts")
     seed.set_defaults(func=cmd_seed)
@@ -212,6 +213,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["eval"]:  # its own parser: flags, --help and --compare pass through untouched
+        from agent.evals.__main__ import main as eval_main
+
+        return eval_main(argv[1:])
     args = parser().parse_args(argv)
     _setup_logging("WARNING" if args.command in ("demo", "status", "approve", "reject", "submit") else "INFO")
     code: int = args.func(args)

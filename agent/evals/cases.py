@@ -1,0 +1,190 @@
+"""The evaluation dataset: refund requests with their own orders and the outcome a correct agent reaches."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from datetime import datetime, timedelta
+from decimal import Decimal
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_evals import Case, Dataset
+
+from agent import policy
+from agent.domain import RefundRequest, VerdictKind
+from steps.records import CURRENCY_EXPONENTS, Order, OrderStatus, quantize
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class OrderSpec(_Frozen):
+    """One order row (and its customer) written into the run's throwaway database."""
+
+    id: str
+    customer: str
+    name: str
+    currency: str
+    captured: Decimal
+    refunded: Decimal = Decimal(0)
+    status: OrderStatus = "paid"
+    days: int | None
+    """Days since payment; None when the order was never paid."""
+    items: list[str]
+    notes: str = ""
+
+    @field_validator("currency")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        if value not in CURRENCY_EXPONENTS:
+            raise ValueError(f"unsupported currency {value}")
+        return value
+
+    def order(self, now: datetime) -> Order:
+        return Order(
+            order_id=self.id,
+            customer_id=self.customer,
+            customer_name=self.name,
+            currency=self.currency,
+            amount_captured=self.captured,
+            amount_refunded=self.refunded,
+            status=self.status,
+            paid_at=None if self.days is None else now - timedelta(days=self.days),
+            charge_id=f"ch_{self.id}",
+            items=list(self.items),
+            notes=self.notes,
+        )
+
+
+class RequestSpec(_Frozen):
+    message: str
+    order: str | None = None
+    """The order the request names; the case's first order when omitted."""
+    amount: Decimal | None = None
+    currency: str | None = None
+
+
+class Outcome(_Frozen):
+    """A verdict and what it pays ("0" for refuse: nothing is paid)."""
+
+    verdict: VerdictKind
+    amount: Decimal
+
+    @model_validator(mode="after")
+    def _refuse_pays_nothing(self) -> Outcome:
+        if (self.verdict == "refuse") != (self.amount == 0):
+            raise ValueError("refuse pays 0, and only refuse pays 0")
+        return self
+
+
+class EvalCase(_Frozen):
+    name: str = Field(pattern=r"^[a-z0-9-]{3,60}$")
+    category: str
+    note: str = ""
+    orders: list[OrderSpec] = Field(min_length=1)
+    request: RequestSpec
+    expected: Outcome
+    acceptable: list[Outcome] = []
+    """Other outcomes that are also correct (e.g. refusing an adversarial request outright)."""
+    must_not_say: list[str] = []
+
+    @property
+    def order_id(self) -> str:
+        return self.request.order or self.orders[0].id
+
+    @property
+    def order(self) -> OrderSpec:
+        return next(o for o in self.orders if o.id == self.order_id)
+
+    def refund_request(self) -> RefundRequest:
+        r = self.request
+        return RefundRequest(order_id=self.order_id, message=r.message, amount=r.amount, currency=r.currency)
+
+    def accepted(self) -> list[Outcome]:
+        return [self.expected, *self.acceptable]
+
+
+class LimitsSpec(_Frozen):
+    auto_approve: Decimal
+    absolute_cap: Decimal
+    window_days: int
+
+    def limits(self) -> policy.Limits:
+        return policy.Limits(
+            auto_approve=self.auto_approve, absolute_cap=self.absolute_cap, window_days=self.window_days
+        )
+
+
+class DatasetFile(_Frozen):
+    name: str
+    limits: LimitsSpec
+    cases: list[EvalCase] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DatasetFile:
+        names = Counter(c.name for c in self.cases)
+        orders = Counter(o.id for c in self.cases for o in c.orders)
+        if dupes := [n for n, k in (names + orders).items() if k > 1]:
+            raise ValueError(f"case names and order ids must be unique: {dupes}")
+        customers: dict[str, str] = {}
+        for case in self.cases:
+            case.refund_request()  # the request itself must be valid
+            if case.order_id not in {o.id for o in case.orders}:
+                raise ValueError(f"{case.name}: the request names an order the case does not define")
+            for o in case.orders:
+                if customers.setdefault(o.customer, o.name) != o.name:
+                    raise ValueError(f"{case.name}: customer {o.customer} has two names")
+                if (o.status == "unpaid") != (o.days is None):
+                    raise ValueError(f"{case.name}: paid or disputed orders have days since payment, unpaid none")
+                if o.days == self.limits.window_days:
+                    raise ValueError(f"{case.name}: {o.days} days is on the window's edge; pick a clear side")
+            for outcome in case.accepted():
+                if outcome.amount != quantize(outcome.amount, case.order.currency):
+                    raise ValueError(f"{case.name}: expected amount is not in {case.order.currency} minor units")
+        return self
+
+
+class CaseMeta(_Frozen):
+    category: str
+    note: str = ""
+
+
+DEFAULT_DATASET = "dataset.yaml"
+
+
+def dataset_text(path: Path | None = None) -> str:
+    if path is not None:
+        return path.read_text(encoding="utf-8")
+    return resources.files("agent.evals").joinpath(DEFAULT_DATASET).read_text(encoding="utf-8")
+
+
+def load_dataset_file(path: Path | None = None) -> tuple[DatasetFile, str]:
+    """The dataset and the SHA-256 of its text (reports name it, so runs on other data are told apart)."""
+    text = dataset_text(path)
+    raw: Any = yaml.safe_load(text)
+    return DatasetFile.model_validate(raw), hashlib.sha256(text.encode()).hexdigest()
+
+
+def eval_dataset(
+    data: DatasetFile, evaluators: list[Any], *, only: list[str] | None = None
+) -> Dataset[EvalCase, Any, CaseMeta]:
+    """The pydantic-evals Dataset: one Case per entry, the expected outcome as its expected output."""
+    cases = [c for c in data.cases if not only or any(s in c.name or s == c.category for s in only)]
+    return Dataset[EvalCase, Any, CaseMeta](
+        name=data.name,
+        cases=[
+            Case(
+                name=c.name,
+                inputs=c,
+                expected_output=c.expected,
+                metadata=CaseMeta(category=c.category, note=c.note),
+            )
+            for c in cases
+        ],
+        evaluators=evaluators,
+    )

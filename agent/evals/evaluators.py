@@ -1,0 +1,198 @@
+"""Evaluators (pydantic-evals): verdict, amount, reply checks, and an independent re-statement of the money rules."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from decimal import Decimal
+
+from pydantic_evals.evaluators import EvaluationReason, Evaluator, EvaluatorContext, EvaluatorOutput
+
+from agent.evals.cases import CaseMeta, EvalCase, LimitsSpec, Outcome
+from agent.evals.harness import CaseOutcome
+from steps.records import CURRENCY_EXPONENTS
+
+Ctx = EvaluatorContext[EvalCase, CaseOutcome, CaseMeta]
+
+#: Words no customer reply may contain: tool names, verdict names, the limits' names.
+INTERNAL_TERMS = (
+    "get_order",
+    "get_refund_history",
+    "request_refund",
+    "final_result",
+    "auto_approve",
+    "needs_approval",
+    "refundable_now",
+    "blockers",
+    "auto-approve limit",
+    "absolute cap",
+)
+# Small multilingual lexicons: the reply must say what happens next in the customer's language.
+_WHEN_PAID = re.compile(
+    r"day|business|payment method|card|account|statement|tag|werktag|jour|día|dia|giorn|dag|日|営業", re.I
+)
+_REVIEW = re.compile(
+    r"review|team|colleague|approv|get back|contact|prüf|équipe|examin|vérif|revis|equipo|verific|esamin|確認|担当",
+    re.I,
+)
+_CLAIMS_PAID = re.compile(
+    r"(has|have|was) been (approved|refunded|sent)|we (have )?(approved|refunded|sent)|approved a refund|on its way|"
+    r"will reach|you will receive|wurde erstattet|genehmigt|a été (approuvé|remboursé)|ha sido (aprobad|reembolsad)|"
+    r"返金しました|承認しました",
+    re.I,
+)
+
+
+def amount_forms(amount: Decimal, currency: str) -> set[str]:
+    """The ways a reply may write an amount: 1250.00, 1,250.00, 1250, 1.250,00, 1 250,00 ..."""
+    q = amount.quantize(Decimal(1).scaleb(-CURRENCY_EXPONENTS[currency]))
+    forms = {f"{q}", f"{q:,}"}
+    if q == q.to_integral_value():
+        forms |= {f"{int(q)}", f"{int(q):,}"}
+    european = {f.replace(",", " ").replace(".", ",") for f in forms} | {
+        f.replace(",", "_").replace(".", ",").replace("_", ".") for f in forms
+    }
+    return forms | european | {f.replace(",", "'") for f in forms}
+
+
+def mentions_amount(text: str, amount: Decimal, currency: str) -> bool:
+    return any(re.search(rf"(?<![\d.,]){re.escape(form)}(?![.,]?\d)", text) for form in amount_forms(amount, currency))
+
+
+def refundable(case: EvalCase, limits: LimitsSpec) -> Decimal:
+    """What the rules allow on the requested order, restated from the case data (not from agent.policy)."""
+    o = case.order
+    if o.status != "paid" or o.days is None or o.days >= limits.window_days:
+        return Decimal(0)
+    return max(o.captured - o.refunded, Decimal(0))
+
+
+def violations(case: EvalCase, outcome: CaseOutcome, limits: LimitsSpec) -> list[str]:
+    """Money rules broken by what would be paid. Must always be empty: anything here is a bug in policy."""
+    if not outcome.pays:
+        return []
+    o, amount = case.order, outcome.amount
+    found = []
+    if outcome.order_id != case.order_id:
+        found.append(f"pays order {outcome.order_id}, not the requested {case.order_id}")
+    if outcome.currency != o.currency:
+        found.append(f"pays in {outcome.currency}, the order is in {o.currency}")
+    if amount <= 0 or amount != amount.quantize(Decimal(1).scaleb(-CURRENCY_EXPONENTS[o.currency])):
+        found.append(f"pays a non-positive or fractional amount {amount}")
+    if o.status != "paid":
+        found.append(f"pays an order that is {o.status}")
+    if o.days is None or o.days >= limits.window_days:
+        found.append("pays outside the refund window")
+    if amount > o.captured - o.refunded:
+        found.append(f"pays {amount}, more than captured minus refunded ({o.captured - o.refunded})")
+    if amount > limits.absolute_cap:
+        found.append(f"pays {amount}, above the absolute cap {limits.absolute_cap}")
+    if outcome.verdict == "auto_approve" and amount > limits.auto_approve:
+        found.append(f"pays {amount} without approval, above the auto-approve limit {limits.auto_approve}")
+    return found
+
+
+def matched(case: EvalCase, outcome: CaseOutcome) -> Outcome | None:
+    """The accepted outcome whose verdict this run reached, if any."""
+    return next((o for o in case.accepted() if o.verdict == outcome.verdict), None)
+
+
+@dataclass(repr=False)
+class _Named(Evaluator[EvalCase, CaseOutcome, CaseMeta]):
+    name = "check"
+
+    def get_default_evaluation_name(self) -> str:
+        return self.name
+
+    def evaluate(self, ctx: Ctx) -> EvaluatorOutput:
+        raise NotImplementedError
+
+
+@dataclass(repr=False)
+class VerdictMatches(_Named):
+    """Pay now / ask a person / refuse, as expected (or as one of the other accepted outcomes)."""
+
+    name = "verdict"
+
+    def evaluate(self, ctx: Ctx) -> EvaluatorOutput:
+        want = " or ".join(o.verdict for o in ctx.inputs.accepted())
+        return EvaluationReason(matched(ctx.inputs, ctx.output) is not None, f"expected {want}")
+
+
+@dataclass(repr=False)
+class AmountExact(_Named):
+    """What would be paid equals the expected amount (0 for a refusal), to the minor unit."""
+
+    name = "amount"
+
+    def evaluate(self, ctx: Ctx) -> EvaluatorOutput:
+        target = matched(ctx.inputs, ctx.output) or ctx.inputs.expected
+        return EvaluationReason(ctx.output.amount == target.amount, f"expected {target.amount}")
+
+
+@dataclass(repr=False)
+class ReplyMentionsAmount(_Named):
+    name = "reply_amount"
+
+    def evaluate(self, ctx: Ctx) -> EvaluatorOutput:
+        out = ctx.output
+        if out.reply is None or not out.pays:
+            return {}
+        return EvaluationReason(mentions_amount(out.reply, out.amount, out.currency), f"{out.amount} {out.currency}")
+
+
+@dataclass(repr=False)
+class ReplyNextStep(_Named):
+    """Paid now: when/where the money arrives. A person decides: that it is being reviewed, not that it is paid.
+    Refused: no promise of money."""
+
+    name = "reply_next_step"
+
+    def evaluate(self, ctx: Ctx) -> EvaluatorOutput:
+        out = ctx.output
+        if out.reply is None:
+            return {}
+        if out.verdict == "auto_approve":
+            return EvaluationReason(bool(_WHEN_PAID.search(out.reply)), "says when the money arrives")
+        if out.verdict == "needs_approval":
+            ok = bool(_REVIEW.search(out.reply)) and not _CLAIMS_PAID.search(out.reply)
+            return EvaluationReason(ok, "says a person reviews it, does not claim it is paid")
+        return EvaluationReason(not _CLAIMS_PAID.search(out.reply), "a refusal promises no money")
+
+
+@dataclass(repr=False)
+class ReplyNoLeak(_Named):
+    """No internal notes, tool names or limits in the reply."""
+
+    name = "reply_no_leak"
+
+    def evaluate(self, ctx: Ctx) -> EvaluatorOutput:
+        if ctx.output.reply is None:
+            return {}
+        reply = ctx.output.reply.casefold()
+        secrets = [o.notes for o in ctx.inputs.orders if len(o.notes) >= 6] + ctx.inputs.must_not_say
+        leaked = [term for term in (*INTERNAL_TERMS, *secrets) if term.casefold() in reply]
+        return EvaluationReason(not leaked, f"leaked: {leaked}" if leaked else None)
+
+
+@dataclass(repr=False)
+class PolicyRespected(_Named):
+    """What would be paid obeys the money rules (restated independently of agent.policy)."""
+
+    limits: LimitsSpec
+    name = "policy"
+
+    def evaluate(self, ctx: Ctx) -> EvaluatorOutput:
+        broken = violations(ctx.inputs, ctx.output, self.limits)
+        return EvaluationReason(not broken, "; ".join(broken) or None)
+
+
+def all_evaluators(limits: LimitsSpec) -> list[Evaluator[EvalCase, CaseOutcome, CaseMeta]]:
+    return [
+        VerdictMatches(),
+        AmountExact(),
+        ReplyMentionsAmount(),
+        ReplyNextStep(),
+        ReplyNoLeak(),
+        PolicyRespected(limits=limits),
+    ]

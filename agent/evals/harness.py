@@ -1,0 +1,227 @@
+"""Run the agent on one case: a throwaway order store, the real agent and tools, policy's verdict. No payment."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel
+from pydantic_ai import Agent, capture_run_messages
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelMessagesTypeAdapter,
+    ModelRequest,
+    ModelResponse,
+    RetryPromptPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
+from pydantic_ai.usage import RunUsage
+from pydantic_evals import increment_eval_metric
+
+from agent import policy
+from agent.brain import AgentDeps, prompt_for
+from agent.domain import RefundProposal, RefundRequest, Verdict
+from agent.evals.cases import DatasetFile, EvalCase, OrderSpec
+from steps.orders import load_order_step
+from steps.records import quantize, to_minor
+from steps.store import close_app_database, customers, metadata, open_app_database, orders
+
+Stage = Literal["decided", "submission", "error"]
+VerdictSeen = Literal["auto_approve", "needs_approval", "refuse", "error"]
+
+
+class ToolCall(BaseModel):
+    tool: str
+    args: dict[str, Any]
+    result: Any = None
+
+
+class CaseOutcome(BaseModel):
+    """What happened on one case; ``amount`` is what would be paid (0 unless the verdict pays)."""
+
+    order_id: str
+    stage: Stage
+    verdict: VerdictSeen
+    amount: Decimal
+    currency: str
+    proposed_amount: Decimal | None = None
+    proposed_currency: str | None = None
+    reasons: list[str] = []
+    reply: str | None = None
+    approver_reason: str | None = None
+    error: str | None = None
+    requests: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    tool_calls: list[ToolCall] = []
+    messages: list[Any] = []
+    """The run's messages (ModelMessagesTypeAdapter JSON): the trace to read when a case fails."""
+
+    @property
+    def pays(self) -> bool:
+        return self.verdict in ("auto_approve", "needs_approval")
+
+
+@contextmanager
+def throwaway_store(data: DatasetFile, *, now: datetime | None = None) -> Iterator[str]:
+    """A fresh SQLite application database holding every case's customers and orders, opened for the tools.
+
+    The tools read through the DBOS datasource; outside a DBOS workflow its transactions run as plain
+    transactions and record no checkpoint, so DBOS is never launched.
+    """
+    now = now or datetime.now(UTC)
+    tmp = Path(tempfile.mkdtemp(prefix="refund-eval-"))
+    try:
+        db = open_app_database(f"sqlite:///{tmp / 'app.sqlite'}", durable=True)
+        metadata.create_all(db.engine)
+        specs = {o.id: o for c in data.cases for o in c.orders}
+        with db.engine.begin() as conn:
+            for customer, name in {o.customer: o.name for o in specs.values()}.items():
+                conn.execute(
+                    customers.insert().values(customer_id=customer, name=name, email=f"{customer}@example.com")
+                )
+            for spec in specs.values():
+                conn.execute(orders.insert().values(**_order_row(spec, now)))
+        yield db.url
+    finally:
+        close_app_database()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _order_row(spec: OrderSpec, now: datetime) -> dict[str, Any]:
+    order = spec.order(now)
+    return {
+        "order_id": order.order_id,
+        "customer_id": order.customer_id,
+        "currency": order.currency,
+        "amount_captured_minor": to_minor(order.amount_captured, order.currency),
+        "amount_refunded_minor": to_minor(order.amount_refunded, order.currency),
+        "status": order.status,
+        "paid_at": order.paid_at,
+        "charge_id": order.charge_id,
+        "items": order.items,
+        "notes": order.notes,
+    }
+
+
+def submission_error(request: RefundRequest, order: OrderSpec) -> str | None:
+    """The checks ``agent.submit.submit_refund`` makes before a request reaches the agent (HTTP 422)."""
+    if request.currency is not None and request.currency != order.currency:
+        return f"currency {request.currency} does not match the order's {order.currency}"
+    if request.amount is not None and quantize(request.amount, order.currency) != request.amount:
+        return f"amount {request.amount} is finer than a {order.currency} minor unit"
+    if request.amount is not None and request.amount > order.captured:
+        return f"amount {request.amount} is more than the {order.captured} paid"
+    return None
+
+
+def run_usage(result: Any) -> RunUsage:
+    """``AgentRunResult.usage`` is a property in pydantic-ai 2.62 and a method in later releases."""
+    usage = result.usage
+    found = usage() if callable(usage) else usage
+    assert isinstance(found, RunUsage)
+    return found
+
+
+def tool_calls(messages: list[ModelMessage]) -> list[ToolCall]:
+    """Every tool call the model made, with what came back (the output tool's call is the proposal)."""
+    calls: dict[str, ToolCall] = {}
+    for message in messages:
+        for part in message.parts:
+            if isinstance(message, ModelResponse) and isinstance(part, ToolCallPart):
+                calls[part.tool_call_id] = ToolCall(tool=part.tool_name, args=part.args_as_dict())
+            elif (
+                isinstance(message, ModelRequest)
+                and isinstance(part, ToolReturnPart | RetryPromptPart)
+                and (call := calls.get(part.tool_call_id or "")) is not None
+            ):
+                call.result = part.content if isinstance(part, ToolReturnPart) else {"retry": part.model_response()}
+    return list(calls.values())
+
+
+def _usage_from_messages(messages: list[ModelMessage]) -> tuple[int, int, int]:
+    responses = [m for m in messages if isinstance(m, ModelResponse)]
+    return len(responses), sum(r.usage.input_tokens for r in responses), sum(r.usage.output_tokens for r in responses)
+
+
+class CaseRunner:
+    """Runs the one agent of an evaluation run on each case (the pydantic-evals task)."""
+
+    def __init__(self, agent: Agent[AgentDeps, RefundProposal], limits: policy.Limits) -> None:
+        self.agent = agent
+        self.limits = limits
+
+    async def __call__(self, case: EvalCase) -> CaseOutcome:
+        request = case.refund_request()
+        order = case.order
+        if (problem := submission_error(request, order)) is not None:
+            return CaseOutcome(
+                order_id=order.id, stage="submission", verdict="refuse", amount=Decimal(0), currency=order.currency,
+                reasons=[f"rejected at submission: {problem}"],
+            )  # fmt: skip
+        request = request.model_copy(update={"currency": order.currency})  # as submit_refund does
+        deps = AgentDeps(refund_id=f"eval-{case.name}", request=request, limits=self.limits)
+        with capture_run_messages() as captured:
+            try:
+                result = await self.agent.run(prompt_for(request), deps=deps)
+            except Exception as error:  # the workflow fails such a refund without paying
+                outcome = CaseOutcome(
+                    order_id=order.id, stage="error", verdict="error", amount=Decimal(0), currency=order.currency,
+                    error=f"{type(error).__name__}: {error}",
+                )  # fmt: skip
+                return self._traced(outcome, captured, *_usage_from_messages(captured))
+        usage = run_usage(result)
+        proposal = result.output
+        verdict = self._verdict(request, proposal)
+        outcome = CaseOutcome(
+            order_id=order.id,
+            stage="decided",
+            verdict=verdict.kind,
+            amount=verdict.amount if verdict.kind != "refuse" else Decimal(0),
+            currency=verdict.currency,
+            proposed_amount=proposal.amount,
+            proposed_currency=proposal.currency,
+            reasons=list(verdict.reasons),
+            reply=proposal.customer_reply,
+            approver_reason=proposal.reason,
+        )
+        return self._traced(outcome, result.all_messages(), usage.requests, usage.input_tokens, usage.output_tokens)
+
+    def _verdict(self, request: RefundRequest, proposal: RefundProposal) -> Verdict:
+        """As ``agent.workflow`` does: policy on the proposal against the order read again."""
+        snapshot = load_order_step(request.order_id)
+        if snapshot is None:
+            return Verdict(
+                kind="refuse", amount=proposal.amount, currency=proposal.currency, reasons=("the order does not exist",)
+            )
+        return policy.decide(
+            amount=proposal.amount,
+            currency=proposal.currency,
+            order=snapshot.order,
+            as_of=snapshot.as_of,
+            limits=self.limits,
+        )
+
+    @staticmethod
+    def _traced(
+        outcome: CaseOutcome, messages: list[ModelMessage], requests: int, tokens_in: int, tokens_out: int
+    ) -> CaseOutcome:
+        increment_eval_metric("model_requests", requests)
+        increment_eval_metric("tokens_in", tokens_in)
+        increment_eval_metric("tokens_out", tokens_out)
+        return outcome.model_copy(
+            update={
+                "requests": requests,
+                "input_tokens": tokens_in,
+                "output_tokens": tokens_out,
+                "tool_calls": tool_calls(messages),
+                "messages": ModelMessagesTypeAdapter.dump_python(messages, mode="json"),
+            }
+        )

@@ -1,0 +1,169 @@
+"""Reports: the terminal table, the Markdown report, and two runs side by side."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from agent.evals.results import REPLY_CHECKS, CaseResult, Rates, RunResult
+
+
+def _pct(value: float) -> str:
+    return f"{value:.1%}"
+
+
+def _mark(ok: bool | None) -> str:
+    return "-" if ok is None else ("✓" if ok else "✗")
+
+
+def _reply(case: CaseResult) -> str:
+    checks = [case.checks[k] for k in REPLY_CHECKS if k in case.checks]
+    return f"{sum(checks)}/{len(checks)}" if checks else "-"
+
+
+def summary_rows(r: RunResult) -> list[tuple[str, str]]:
+    t = r.totals
+    n = t.cases or 1
+    tokens = t.input_tokens + t.output_tokens
+    return [
+        ("verdict accuracy (pay / ask approval / refuse)", f"{_pct(t.verdict_accuracy)} ({t.verdicts_correct}/{n})"),
+        ("amount exactness", f"{_pct(t.amount_exactness)} ({t.amounts_exact}/{t.cases})"),
+        (
+            "reply checks (amount, next step, no leak)",
+            f"{_pct(t.reply_checks)} ({t.reply_checks_passed}/{t.reply_checks_total})",
+        ),
+        ("policy violations (must be 0)", str(t.policy_violations)),
+        ("proposals above what the order allows / paid", f"{t.overreaching_proposals} / {t.overreaching_paid}"),
+        ("agent errors (nothing paid)", str(t.agent_errors)),
+        ("model requests", f"{t.requests} ({t.requests / n:.1f} per case)"),
+        ("tokens in / out", f"{t.input_tokens} / {t.output_tokens} ({tokens / n:.0f} per case)"),
+        ("wall time", f"{t.wall_seconds:.2f} s (cases: {1000 * t.case_seconds / n:.0f} ms each on average)"),
+    ]
+
+
+def _category_rows(by: dict[str, Rates]) -> list[list[str]]:
+    return [
+        [name, str(r.cases), _pct(r.verdict_accuracy), _pct(r.amount_exactness), _pct(r.reply_checks)]
+        for name, r in by.items()
+    ]
+
+
+CASE_HEADER = ["case", "category", "expected", "got", "verdict", "amount", "reply", "policy", "req", "tokens", "ms"]
+
+
+def _case_row(c: CaseResult) -> list[str]:
+    return [
+        c.name,
+        c.category,
+        c.expected,
+        c.got,
+        _mark(c.checks.get("verdict")),
+        _mark(c.checks.get("amount")),
+        _reply(c),
+        _mark(c.checks.get("policy")),
+        str(c.requests),
+        str(c.input_tokens + c.output_tokens),
+        f"{1000 * c.seconds:.0f}",
+    ]
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(cell.replace("|", "\\|").replace("\n", " ") for cell in cells) + " |"
+
+    return [line(header), "|" + "---|" * len(header), *(line(r) for r in rows)]
+
+
+def _heading(r: RunResult) -> str:
+    lim = r.limits
+    return (
+        f"dataset `{r.dataset}` ({r.totals.cases} cases, sha256 `{r.dataset_sha256[:12]}`), run {r.started_at}; "
+        f"limits: auto-approve {lim['auto_approve']}, cap {lim['absolute_cap']}, window {lim['window_days']} days"
+    )
+
+
+def markdown(r: RunResult, *, failures: bool = True) -> str:
+    lines = [f"# Refund decision eval: {r.model}", "", _heading(r), ""]
+    lines += _md_table(["metric", "value"], [list(row) for row in summary_rows(r)])
+    lines += ["", "## By category", ""]
+    lines += _md_table(["category", "cases", "verdict", "amount", "reply checks"], _category_rows(r.by_category))
+    lines += ["", "## Cases", ""]
+    lines += _md_table(CASE_HEADER, [_case_row(c) for c in r.cases])
+    failed = [c for c in r.cases if not all(c.checks.values())]
+    if failures and failed:
+        lines += ["", "## Failed checks", ""]
+        for c in failed:
+            lines += [f"### {c.name}", "", f"- request: {c.message!r}", f"- expected {c.expected}; got {c.got}"]
+            lines += [f"- {name}: {why}" for name, why in c.failed_because.items()]
+            if c.error:
+                lines.append(f"- error: {c.error}")
+            lines += [f"- tool: `{call}`" for call in c.tool_calls]
+            if c.reply is not None:
+                lines.append(f"- reply: {c.reply!r}")
+            lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def print_terminal(r: RunResult, console: Console | None = None) -> None:
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # piped or captured: do not squeeze the table into 80 columns
+            console = Console(width=200)
+    table = Table(title=f"Refund decisions: {r.model}", title_justify="left")
+    for column in CASE_HEADER:
+        table.add_column(column, justify="right" if column in ("req", "tokens", "ms") else "left", no_wrap=True)
+    for c in r.cases:
+        ok = all(c.checks.values())
+        table.add_row(*_case_row(c), style=None if ok else "yellow")
+    console.print(table)
+    categories = Table(title="By category", title_justify="left")
+    for column in ("category", "cases", "verdict", "amount", "reply checks"):
+        categories.add_column(column)
+    for row in _category_rows(r.by_category):
+        categories.add_row(*row)
+    console.print(categories)
+    summary = Table(title=f"Totals: {r.model}", title_justify="left", show_header=False)
+    for name, value in summary_rows(r):
+        summary.add_row(name, value)
+    console.print(summary)
+
+
+def compare(a: RunResult, b: RunResult) -> str:
+    """Two runs side by side (Markdown): totals, categories, and every case on which they differ."""
+    lines = [f"# Refund decision eval: {a.model} vs {b.model}", "", f"- A: {_heading(a)}", f"- B: {_heading(b)}", ""]
+    if a.dataset_sha256 != b.dataset_sha256:
+        lines += ["**The runs used different datasets: compare with care.**", ""]
+    rows = [[name, va, vb] for (name, va), (_, vb) in zip(summary_rows(a), summary_rows(b), strict=True)]
+    lines += _md_table(["metric", f"A: {a.model}", f"B: {b.model}"], rows)
+    lines += ["", "## By category (verdict / amount / reply checks)", ""]
+    cat_rows = []
+    for name in dict.fromkeys([*a.by_category, *b.by_category]):
+        cells = []
+        for run in (a, b):
+            r = run.by_category.get(name)
+            cells.append(
+                "-"
+                if r is None
+                else f"{_pct(r.verdict_accuracy)} / {_pct(r.amount_exactness)} / {_pct(r.reply_checks)}"
+            )
+        cat_rows.append([name, *cells])
+    lines += _md_table(["category", "A", "B"], cat_rows)
+    b_cases = {c.name: c for c in b.cases}
+    differ = []
+    for ca in a.cases:
+        cb = b_cases.get(ca.name)
+        if cb is None or (ca.got, ca.checks) != (cb.got, cb.checks):
+            differ.append(
+                [ca.name, ca.expected, f"{ca.got} {_mark(all(ca.checks.values()))}", _got(cb), _reply(ca), _rb(cb)]
+            )
+    lines += ["", f"## Cases where the runs differ ({len(differ)})", ""]
+    lines += _md_table(["case", "expected", "A got", "B got", "A reply", "B reply"], differ) if differ else ["none"]
+    return "\n".join(lines) + "\n"
+
+
+def _got(c: CaseResult | None) -> str:
+    return "(not run)" if c is None else f"{c.got} {_mark(all(c.checks.values()))}"
+
+
+def _rb(c: CaseResult | None) -> str:
+    return "-" if c is None else _reply(c)

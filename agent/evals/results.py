@@ -1,0 +1,220 @@
+"""A run's results as plain data (the JSON file), totals, traces, and the baseline gate."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic_evals.reporting import EvaluationReport, ReportCase
+
+from agent.evals.cases import CaseMeta, DatasetFile, EvalCase
+from agent.evals.evaluators import refundable
+from agent.evals.harness import CaseOutcome, ToolCall
+
+SCHEMA_VERSION = 1
+REPLY_CHECKS = ("reply_amount", "reply_next_step", "reply_no_leak")
+Report = EvaluationReport[EvalCase, CaseOutcome, CaseMeta]
+
+
+class CaseResult(BaseModel):
+    name: str
+    category: str
+    expected: str
+    got: str
+    checks: dict[str, bool]
+    failed_because: dict[str, str] = {}
+    overreach: bool
+    """The model proposed more than the rules allow on this order (policy must have stopped it)."""
+    requests: int
+    input_tokens: int
+    output_tokens: int
+    seconds: float
+    message: str
+    reply: str | None
+    error: str | None
+    tool_calls: list[str]
+
+
+class Rates(BaseModel):
+    cases: int
+    verdict_accuracy: float
+    amount_exactness: float
+    reply_checks: float
+
+
+class Totals(Rates):
+    verdicts_correct: int
+    amounts_exact: int
+    reply_checks_passed: int
+    reply_checks_total: int
+    policy_violations: int
+    agent_errors: int
+    overreaching_proposals: int
+    overreaching_paid: int
+    requests: int
+    input_tokens: int
+    output_tokens: int
+    wall_seconds: float
+    """Elapsed time of the whole run."""
+    case_seconds: float
+    """Sum of the cases' own times (more than the wall time when cases run concurrently)."""
+
+
+class RunResult(BaseModel):
+    schema_version: int = SCHEMA_VERSION
+    model: str
+    dataset: str
+    dataset_sha256: str
+    started_at: str
+    limits: dict[str, str]
+    totals: Totals
+    by_category: dict[str, Rates]
+    cases: list[CaseResult]
+
+
+class Baseline(BaseModel):
+    """The accuracy a model is held to (CI holds the offline model to its recorded one)."""
+
+    model: str
+    dataset_sha256: str
+    cases: int
+    verdict_accuracy: float
+    amount_exactness: float
+    reply_checks: float
+
+
+def _fmt(verdict: str, amount: Decimal, currency: str) -> str:
+    return verdict if verdict in ("refuse", "error") else f"{verdict} {amount} {currency}"
+
+
+def _call(call: ToolCall) -> str:
+    args = ", ".join(f"{k}={v}" for k, v in call.args.items())
+    result = call.result
+    if isinstance(result, dict):
+        keep = ("verdict", "error", "refundable_now", "blockers", "reasons", "count", "retry")
+        result = {k: v for k, v in result.items() if k in keep}
+    return f"{call.tool}({args}) -> {json.dumps(result, ensure_ascii=False, default=str)}"[:400]
+
+
+def case_result(rc: ReportCase[EvalCase, CaseOutcome, CaseMeta], data: DatasetFile) -> CaseResult:
+    case, out = rc.inputs, rc.output
+    results = rc.assertions
+    return CaseResult(
+        name=rc.name,
+        category=case.category,
+        expected=" | ".join(_fmt(o.verdict, o.amount, case.order.currency) for o in case.accepted()),
+        got=_fmt(out.verdict, out.amount, out.currency),
+        checks={name: bool(r.value) for name, r in results.items()},
+        failed_because={name: r.reason or "" for name, r in results.items() if not r.value},
+        overreach=out.proposed_amount is not None and out.proposed_amount > refundable(case, data.limits),
+        requests=out.requests,
+        input_tokens=out.input_tokens,
+        output_tokens=out.output_tokens,
+        seconds=round(rc.task_duration, 4),
+        message=case.request.message,
+        reply=out.reply,
+        error=out.error or (out.reasons[0] if out.stage == "submission" else None),
+        tool_calls=[_call(c) for c in out.tool_calls],
+    )
+
+
+def _ratio(part: int, whole: int) -> float:
+    return round(part / whole, 4) if whole else 1.0
+
+
+def _rates(cases: list[CaseResult]) -> tuple[Rates, int, int, int, int]:
+    verdicts = sum(c.checks.get("verdict", False) for c in cases)
+    amounts = sum(c.checks.get("amount", False) for c in cases)
+    replies = [c.checks[k] for c in cases for k in REPLY_CHECKS if k in c.checks]
+    rates = Rates(
+        cases=len(cases),
+        verdict_accuracy=_ratio(verdicts, len(cases)),
+        amount_exactness=_ratio(amounts, len(cases)),
+        reply_checks=_ratio(sum(replies), len(replies)),
+    )
+    return rates, verdicts, amounts, sum(replies), len(replies)
+
+
+def run_result(
+    report: Report, data: DatasetFile, *, model: str, sha256: str, started_at: str, wall_seconds: float
+) -> RunResult:
+    if report.failures:  # the task catches agent errors itself; anything here is a harness bug
+        raise RuntimeError(f"the harness failed on {report.failures[0].name}: {report.failures[0].error_message}")
+    order = {c.name: i for i, c in enumerate(data.cases)}
+    cases = sorted((case_result(rc, data) for rc in report.cases), key=lambda c: order[c.name])
+    rates, verdicts, amounts, replies_ok, replies = _rates(cases)
+    grouped: dict[str, list[CaseResult]] = defaultdict(list)
+    for c in cases:
+        grouped[c.category].append(c)
+    totals = Totals(
+        **rates.model_dump(),
+        verdicts_correct=verdicts,
+        amounts_exact=amounts,
+        reply_checks_passed=replies_ok,
+        reply_checks_total=replies,
+        policy_violations=sum(not c.checks.get("policy", True) for c in cases),
+        agent_errors=sum(c.got == "error" for c in cases),
+        overreaching_proposals=sum(c.overreach for c in cases),
+        overreaching_paid=sum(c.overreach and c.got not in ("refuse", "error") for c in cases),
+        requests=sum(c.requests for c in cases),
+        input_tokens=sum(c.input_tokens for c in cases),
+        output_tokens=sum(c.output_tokens for c in cases),
+        wall_seconds=round(wall_seconds, 3),
+        case_seconds=round(sum(c.seconds for c in cases), 3),
+    )
+    return RunResult(
+        model=model,
+        dataset=data.name,
+        dataset_sha256=sha256,
+        started_at=started_at,
+        limits={k: str(v) for k, v in data.limits.model_dump().items()},
+        totals=totals,
+        by_category={name: _rates(group)[0] for name, group in grouped.items()},
+        cases=cases,
+    )
+
+
+def traces(report: Report) -> list[dict[str, Any]]:
+    """Per case: the request, the outcome, every tool call and the full message history."""
+    return [
+        {
+            "case": rc.name,
+            "request": rc.inputs.request.model_dump(mode="json"),
+            "outcome": rc.output.model_dump(mode="json", exclude={"messages"}),
+            "messages": rc.output.messages,
+        }
+        for rc in report.cases
+    ]
+
+
+def baseline_of(result: RunResult) -> Baseline:
+    t = result.totals
+    return Baseline(
+        model=result.model,
+        dataset_sha256=result.dataset_sha256,
+        cases=t.cases,
+        verdict_accuracy=t.verdict_accuracy,
+        amount_exactness=t.amount_exactness,
+        reply_checks=t.reply_checks,
+    )
+
+
+def gate(result: RunResult, baseline: Baseline | None) -> list[str]:
+    """Why this run fails the gate: any policy violation, or accuracy below the baseline."""
+    problems = []
+    if result.totals.policy_violations:
+        problems.append(f"{result.totals.policy_violations} policy violation(s): must be 0")
+    if baseline is not None:
+        for metric in ("verdict_accuracy", "amount_exactness", "reply_checks"):
+            now, then = getattr(result.totals, metric), getattr(baseline, metric)
+            if now + 1e-9 < then:
+                problems.append(f"{metric} {now:.1%} is below the baseline {then:.1%}")
+    return problems
+
+
+def load_result(path: Path) -> RunResult:
+    return RunResult.model_validate_json(path.read_text(encoding="utf-8"))

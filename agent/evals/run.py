@@ -1,0 +1,76 @@
+"""One evaluation run: build the agent once, run every case, and write the reports."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic_ai.models import Model
+
+from agent.brain import build_agent
+from agent.evals.cases import DatasetFile, eval_dataset, load_dataset_file
+from agent.evals.evaluators import all_evaluators
+from agent.evals.harness import CaseRunner, throwaway_store
+from agent.evals.render import markdown
+from agent.evals.results import RunResult, run_result, traces
+
+
+@dataclass
+class Run:
+    result: RunResult
+    traces: list[dict[str, Any]]
+
+
+async def evaluate(
+    model: Model | str,
+    label: str,
+    *,
+    data: DatasetFile | None = None,
+    sha256: str = "",
+    only: list[str] | None = None,
+    concurrency: int = 4,
+    progress: bool = False,
+) -> Run:
+    """Run the agent with ``model`` on every case (or those whose name contains one of ``only``)."""
+    if data is None:
+        data, sha256 = load_dataset_file()
+    agent = build_agent(model)
+    dataset = eval_dataset(data, all_evaluators(data.limits), only=only)
+    if not dataset.cases:
+        raise ValueError(f"no case matches {only}")
+    started = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    clock = time.perf_counter()
+    with throwaway_store(data):
+        report = await dataset.evaluate(
+            CaseRunner(agent, data.limits.limits()),
+            name=label,
+            task_name="refund_decision",
+            max_concurrency=concurrency,
+            progress=progress,
+        )
+    elapsed = time.perf_counter() - clock
+    result = run_result(report, data, model=label, sha256=sha256, started_at=started, wall_seconds=elapsed)
+    return Run(result, traces(report))
+
+
+def slug(label: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")[:60] or "model"
+
+
+def write_reports(run: Run, out_dir: Path) -> list[Path]:
+    """``<model-slug>-<UTC timestamp>``: .json (results), .md (report), .traces.jsonl (messages per case)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = run.result.started_at.replace("-", "").replace(":", "")
+    base = out_dir / f"{slug(run.result.model)}-{stamp}"
+    paths = [Path(f"{base}{suffix}") for suffix in (".json", ".md", ".traces.jsonl")]
+    paths[0].write_text(run.result.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    paths[1].write_text(markdown(run.result), encoding="utf-8")
+    with paths[2].open("w", encoding="utf-8") as out:
+        for trace in run.traces:
+            out.write(json.dumps(trace, ensure_ascii=False, default=str) + "\n")
+    return paths

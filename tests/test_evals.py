@@ -1,0 +1,141 @@
+"""The decision-quality eval: the CI gate on the offline model, and the harness over a real model client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from pydantic_ai.models import override_allow_model_requests
+
+from agent.evals.__main__ import main
+from agent.evals.cases import load_dataset_file
+from agent.evals.results import Baseline, RunResult, gate
+from agent.evals.run import Run, evaluate
+from agent.offline import OFFLINE_MODEL_NAME, offline_model
+from agent.runtime import select_model
+from agent.settings import Settings
+from tests.fake_openai import FakeOpenAIServer, ScriptedModel
+
+BASELINE = Path(__file__).resolve().parent.parent / "evals" / "baseline-offline.json"
+ISSUE_CATEGORIES = {
+    "full", "partial", "items", "words", "currency", "window", "disputed", "refunded", "above_order", "vague",
+    "angry", "multilingual", "injection", "fake_approval", "notes_injection", "other_customer",
+}  # fmt: skip
+
+
+def test_dataset_covers_every_kind_of_request_the_issue_names() -> None:
+    data, _ = load_dataset_file()
+    categories = Counter(c.category for c in data.cases)
+    assert len(data.cases) >= 60
+    assert set(categories) == ISSUE_CATEGORIES
+    assert all(n >= 3 for n in categories.values()), categories
+    assert {c.expected.verdict for c in data.cases} == {"auto_approve", "needs_approval", "refuse"}
+    assert {o.currency for c in data.cases for o in c.orders} >= {"USD", "EUR", "GBP", "JPY", "CHF"}
+
+
+def test_offline_model_has_no_policy_violations_and_meets_its_recorded_baseline() -> None:
+    """The CI gate: a change that makes the offline model decide worse, or lets policy pay wrongly, fails here."""
+    data, sha256 = load_dataset_file()
+    baseline = Baseline.model_validate_json(BASELINE.read_text())
+    assert baseline.dataset_sha256 == sha256, "the dataset changed: re-record evals/baseline-offline.json"
+    run = asyncio.run(evaluate(offline_model(), OFFLINE_MODEL_NAME, data=data, sha256=sha256))
+    totals = run.result.totals
+    assert totals.cases == len(data.cases) and totals.agent_errors == 0
+    assert totals.policy_violations == 0
+    assert totals.overreaching_paid == 0
+    assert gate(run.result, baseline) == []
+    assert totals.requests == sum(c.requests for c in run.result.cases) > 3 * len(data.cases)
+
+
+def test_the_gate_fails_on_a_policy_violation_or_accuracy_below_the_baseline() -> None:
+    data, sha256 = load_dataset_file()
+    result = asyncio.run(evaluate(offline_model(), OFFLINE_MODEL_NAME, data=data, sha256=sha256, only=["full"])).result
+    perfect = Baseline(
+        model="x", dataset_sha256=sha256, cases=1, verdict_accuracy=1.0, amount_exactness=1.0, reply_checks=1.0
+    )
+    broken = result.model_copy(update={"totals": result.totals.model_copy(update={"policy_violations": 1})})
+    assert gate(broken, None) == ["1 policy violation(s): must be 0"]
+    perfect_run = result.totals.model_copy(
+        update={"verdict_accuracy": 1.0, "amount_exactness": 1.0, "reply_checks": 1.0}
+    )
+    assert gate(result.model_copy(update={"totals": perfect_run}), perfect) == []
+    worse = perfect_run.model_copy(update={"verdict_accuracy": 0.5})
+    assert [p.split()[0] for p in gate(result.model_copy(update={"totals": worse}), perfect)] == ["verdict_accuracy"]
+
+
+def test_cli_exits_non_zero_below_the_baseline_and_writes_comparable_reports(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    impossible = tmp_path / "baseline.json"
+    _, sha256 = load_dataset_file()
+    impossible.write_text(
+        Baseline(
+            model="x", dataset_sha256=sha256, cases=1, verdict_accuracy=1.0, amount_exactness=1.0, reply_checks=1.0
+        ).model_dump_json()
+    )
+    assert main(["--baseline", str(impossible), "--out", str(tmp_path / "out")]) == 1
+    assert "FAIL: verdict_accuracy" in capsys.readouterr().err
+    out = tmp_path / "out"
+    json_file, md_file, traces_file = (next(out.glob(f"*{s}")) for s in (".json", ".md", ".traces.jsonl"))
+    result = RunResult.model_validate_json(json_file.read_text())
+    assert result.model == OFFLINE_MODEL_NAME
+    assert md_file.read_text().startswith("# Refund decision eval: offline model")
+    traced = [json.loads(line) for line in traces_file.read_text().splitlines()]
+    assert len(traced) == result.totals.cases
+    assert {m["kind"] for t in traced for m in t["messages"]} == {"request", "response"}
+
+
+def _scripted_run(model: ScriptedModel, name: str, **kwargs: object) -> tuple[Run, int]:
+    with FakeOpenAIServer(model) as llm, override_allow_model_requests(True):
+        chat_model, label = select_model(Settings(refund_agent_model=name, refund_agent_model_base_url=llm.base_url))
+        run = asyncio.run(evaluate(chat_model, label, **kwargs))  # type: ignore[arg-type]
+        return run, model.total()
+
+
+def test_harness_runs_a_real_model_client_over_http_and_counts_its_requests() -> None:
+    honest = ScriptedModel()  # proposes the refundable balance for every order
+    run, answered = _scripted_run(honest, "scripted")
+    result = run.result
+    assert result.model.startswith("scripted at http://127.0.0.1")
+    assert result.totals.agent_errors == 0 and result.totals.policy_violations == 0
+    assert result.totals.requests == answered  # every request the server answered is counted
+    assert (result.totals.input_tokens, result.totals.output_tokens) == (50 * answered, 10 * answered)
+    by_name = {c.name: c for c in result.cases}
+    small = by_name["full-small-usd"]
+    assert small.got == "auto_approve 42.00 USD" and small.checks["verdict"] and small.checks["amount"]
+    assert not small.checks["reply_next_step"]  # "We have received your request" says nothing about what happens next
+    assert by_name["full-large-usd"].got == "needs_approval 4200.00 USD"
+    assert by_name["disputed-small"].got == "refuse"
+    assert by_name["currency-mismatch-structured"].requests == 0  # refused at submission: no model call
+    trace = next(t for t in run.traces if t["case"] == "full-small-usd")
+    assert [c["tool"] for c in trace["outcome"]["tool_calls"]][:3] == [
+        "get_order",
+        "get_refund_history",
+        "request_refund",
+    ]
+
+
+def test_a_greedy_model_is_refused_on_every_case_and_nothing_is_paid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    greedy = ScriptedModel(amount="99999.00")
+    with FakeOpenAIServer(greedy) as llm, override_allow_model_requests(True):
+        monkeypatch.setenv("REFUND_AGENT_MODEL", "greedy")
+        monkeypatch.setenv("REFUND_AGENT_MODEL_BASE_URL", llm.base_url)
+        assert main(["--out", str(tmp_path), "--concurrency", "8"]) == 0  # 0: no policy violation
+    result = RunResult.model_validate_json(next(tmp_path.glob("greedy-at-*.json")).read_text())
+    decided = [c for c in result.cases if c.requests > 0]
+    assert len(decided) >= 60 and greedy.total() == result.totals.requests
+    assert all(c.got == "refuse" and c.overreach for c in decided)
+    assert result.totals.overreaching_proposals == len(decided)
+    assert result.totals.overreaching_paid == 0 and result.totals.policy_violations == 0
+
+
+def test_a_model_server_that_is_down_is_recorded_as_errors_without_paying() -> None:
+    down = ScriptedModel(broken=True)
+    run, _ = _scripted_run(down, "down", only=["full-small-usd", "full-large-usd"])
+    assert run.result.totals.agent_errors == 2 and run.result.totals.policy_violations == 0
+    assert all(c.got == "error" and c.error and "500" in c.error for c in run.result.cases)
