@@ -11,7 +11,7 @@ from dbos import DBOSClient, EnqueueOptions
 
 from agent.domain import RefundRequest
 from steps.orders import get_order
-from steps.records import exponent
+from steps.records import Order, exponent
 from steps.refunds import register_request
 from steps.store import app_db
 
@@ -37,6 +37,19 @@ def request_hash(request: RefundRequest) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
+def checked_request(request: RefundRequest, order: Order | None) -> RefundRequest:
+    """The request as its workflow gets it (currency filled in), or the reason it cannot be accepted."""
+    if order is None:
+        raise SubmissionError(404, f"order {request.order_id} does not exist")
+    if request.currency is not None and request.currency != order.currency:
+        raise SubmissionError(422, f"currency {request.currency} does not match the order's {order.currency}")
+    if request.amount is not None and -request.amount.as_tuple().exponent > exponent(order.currency):  # type: ignore[operator]
+        raise SubmissionError(422, f"amount {request.amount} is finer than a {order.currency} minor unit")
+    if request.amount is not None and request.amount > order.amount_captured:
+        raise SubmissionError(422, f"amount {request.amount} is more than the {order.amount_captured} paid")
+    return request.model_copy(update={"currency": order.currency})
+
+
 def submit_refund(client: DBOSClient, *, idempotency_key: str, request: RefundRequest, app_version: str) -> Submission:
     """Start the refund once per key. The same key and body returns it again; a new body is a conflict."""
     from agent.runtime import REFUND_QUEUE
@@ -46,21 +59,13 @@ def submit_refund(client: DBOSClient, *, idempotency_key: str, request: RefundRe
         raise SubmissionError(400, "Idempotency-Key must be 8-200 letters, digits or _.:-")
     with app_db().engine.connect() as conn:
         order = get_order(conn, request.order_id)
-    if order is None:
-        raise SubmissionError(404, f"order {request.order_id} does not exist")
-    if request.currency is not None and request.currency != order.currency:
-        raise SubmissionError(422, f"currency {request.currency} does not match the order's {order.currency}")
-    if request.amount is not None and -request.amount.as_tuple().exponent > exponent(order.currency):  # type: ignore[operator]
-        raise SubmissionError(422, f"amount {request.amount} is finer than a {order.currency} minor unit")
-    if request.amount is not None and request.amount > order.amount_captured:
-        raise SubmissionError(422, f"amount {request.amount} is more than the {order.amount_captured} paid")
-    request = request.model_copy(update={"currency": order.currency})
+    request = checked_request(request, order)
     digest = request_hash(request)
     claim = register_request(
         refund_id=idempotency_key,
         order_id=request.order_id,
         request_hash=digest,
-        currency=order.currency,
+        currency=str(request.currency),  # filled in from the order by checked_request
         requested=request.amount,
     )
     if claim.request_hash != digest:

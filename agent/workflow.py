@@ -35,7 +35,7 @@ async def refund_workflow(refund_id: str, request: dict[str, Any]) -> dict[str, 
         detail = f"the agent could not decide ({type(error).__name__}); fork the workflow to retry"
         return await _finish(refund_id, req, Phase.FAILED, detail, None)
     proposal = run.output
-    verdict = _verdict(req, proposal, rt.limits)
+    verdict = policy_verdict(req, proposal, rt.limits)
     record_verdict_step(
         refund_id,
         proposal=proposal.model_dump(mode="json"),
@@ -104,7 +104,7 @@ async def refund_workflow(refund_id: str, request: dict[str, Any]) -> dict[str, 
     return outcome
 
 
-def _verdict(req: RefundRequest, proposal: RefundProposal, limits: policy.Limits) -> Verdict:
+def policy_verdict(req: RefundRequest, proposal: RefundProposal, limits: policy.Limits) -> Verdict:
     """Policy's verdict on the proposal, against the order as it is now (read in a step)."""
     snapshot = load_order_step(req.order_id)
     if snapshot is None:

@@ -27,11 +27,13 @@ from pydantic_evals import increment_eval_metric
 
 from agent import policy
 from agent.brain import AgentDeps, prompt_for
-from agent.domain import RefundProposal, RefundRequest, Verdict
+from agent.domain import RefundProposal, RefundRequest
 from agent.evals.cases import DatasetFile, EvalCase, OrderSpec
-from steps.orders import load_order_step
-from steps.records import quantize, to_minor
-from steps.store import close_app_database, customers, metadata, open_app_database, orders
+from agent.submit import SubmissionError, checked_request
+from agent.workflow import policy_verdict
+from steps.orders import get_order
+from steps.records import to_minor
+from steps.store import app_db, close_app_database, customers, metadata, open_app_database, orders
 
 Stage = Literal["decided", "submission", "error"]
 VerdictSeen = Literal["auto_approve", "needs_approval", "refuse", "error"]
@@ -111,15 +113,14 @@ def _order_row(spec: OrderSpec, now: datetime) -> dict[str, Any]:
     }
 
 
-def submission_error(request: RefundRequest, order: OrderSpec) -> str | None:
-    """The checks ``agent.submit.submit_refund`` makes before a request reaches the agent (HTTP 422)."""
-    if request.currency is not None and request.currency != order.currency:
-        return f"currency {request.currency} does not match the order's {order.currency}"
-    if request.amount is not None and quantize(request.amount, order.currency) != request.amount:
-        return f"amount {request.amount} is finer than a {order.currency} minor unit"
-    if request.amount is not None and request.amount > order.captured:
-        return f"amount {request.amount} is more than the {order.captured} paid"
-    return None
+def submission_error(request: RefundRequest) -> tuple[str | None, RefundRequest]:
+    """The checks ``POST /refunds`` makes before a request reaches the agent, on the case's stored order."""
+    with app_db().engine.connect() as conn:
+        order = get_order(conn, request.order_id)
+    try:
+        return None, checked_request(request, order)
+    except SubmissionError as error:
+        return str(error), request
 
 
 def run_usage(result: Any) -> RunUsage:
@@ -161,12 +162,12 @@ class CaseRunner:
     async def __call__(self, case: EvalCase) -> CaseOutcome:
         request = case.refund_request()
         order = case.order
-        if (problem := submission_error(request, order)) is not None:
+        problem, request = submission_error(request)
+        if problem is not None:
             return CaseOutcome(
                 order_id=order.id, stage="submission", verdict="refuse", amount=Decimal(0), currency=order.currency,
                 reasons=[f"rejected at submission: {problem}"],
             )  # fmt: skip
-        request = request.model_copy(update={"currency": order.currency})  # as submit_refund does
         deps = AgentDeps(refund_id=f"eval-{case.name}", request=request, limits=self.limits)
         with capture_run_messages() as captured:
             try:
@@ -179,7 +180,7 @@ class CaseRunner:
                 return self._traced(outcome, captured, *_usage_from_messages(captured))
         usage = run_usage(result)
         proposal = result.output
-        verdict = self._verdict(request, proposal)
+        verdict = policy_verdict(request, proposal, self.limits)  # exactly as the workflow does
         outcome = CaseOutcome(
             order_id=order.id,
             stage="decided",
@@ -193,21 +194,6 @@ class CaseRunner:
             approver_reason=proposal.reason,
         )
         return self._traced(outcome, result.all_messages(), usage.requests, usage.input_tokens, usage.output_tokens)
-
-    def _verdict(self, request: RefundRequest, proposal: RefundProposal) -> Verdict:
-        """As ``agent.workflow`` does: policy on the proposal against the order read again."""
-        snapshot = load_order_step(request.order_id)
-        if snapshot is None:
-            return Verdict(
-                kind="refuse", amount=proposal.amount, currency=proposal.currency, reasons=("the order does not exist",)
-            )
-        return policy.decide(
-            amount=proposal.amount,
-            currency=proposal.currency,
-            order=snapshot.order,
-            as_of=snapshot.as_of,
-            limits=self.limits,
-        )
 
     @staticmethod
     def _traced(
