@@ -136,6 +136,17 @@ def decide(
     return _resend(client, record, first=first)
 
 
+def decide_pending(client: DBOSClient, *, refund_id: str, decision: Decision, approver: str) -> DecisionResult:
+    """Decide for the amount and currency the refund is waiting on, as an approver looking at it sees them."""
+    request = pending_request(client, refund_id)
+    if request is None:
+        raise ApprovalError("nothing_pending", f"refund {refund_id} is not waiting for an approval")
+    return decide(
+        client, refund_id=refund_id, decision=decision, approver=approver,
+        amount=Decimal(request["amount"]), currency=request["currency"],
+    )  # fmt: skip
+
+
 def _resend(client: DBOSClient, record: ApprovalRecord, *, first: bool) -> DecisionResult:
     # Sent on every call: the idempotency key drops repeats, and a crash between record and send heals.
     if record.decision != "expired":

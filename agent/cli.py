@@ -127,19 +127,9 @@ def cmd_decide(args: argparse.Namespace) -> int:
     from agent import approvals
 
     client = _open()
-    pending = approvals.pending_request(client, args.refund_id)
     decision: approvals.Decision = "approve" if args.command == "approve" else "reject"
     try:
-        if pending is None:
-            raise approvals.ApprovalError("nothing_pending", f"refund {args.refund_id} is not waiting for approval")
-        result = approvals.decide(
-            client,
-            refund_id=args.refund_id,
-            decision=decision,
-            approver=args.approver,
-            amount=Decimal(pending["amount"]),
-            currency=pending["currency"],
-        )
+        result = approvals.decide_pending(client, refund_id=args.refund_id, decision=decision, approver=args.approver)
     except approvals.ApprovalError as error:
         print(f"refused ({error.code}): {error}", file=sys.stderr)
         return 2

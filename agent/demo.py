@@ -108,22 +108,8 @@ class Demo:
             f"agent proposed {pending['amount']} {pending['currency']}; policy: above the auto-approve limit "
             "-> parked for approval (recv on a durable deadline; no thread held)"
         )
-        result = approvals.decide(
-            client,
-            refund_id=REFUND_ID,
-            decision="approve",
-            approver="dana@support",
-            amount=Decimal(pending["amount"]),
-            currency=pending["currency"],
-        )
-        repeat = approvals.decide(
-            client,
-            refund_id=REFUND_ID,
-            decision="reject",
-            approver="eve@support",
-            amount=Decimal(pending["amount"]),
-            currency=pending["currency"],
-        )
+        result = approvals.decide_pending(client, refund_id=REFUND_ID, decision="approve", approver="dana@support")
+        repeat = approvals.decide_pending(client, refund_id=REFUND_ID, decision="reject", approver="eve@support")
         self.say(f"approved by {result.record.approver}; a late reject by eve@support got the recorded decision back")
         self.check(
             "first decision wins; a second decision changes nothing",

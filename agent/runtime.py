@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dbos import DBOS, DBOSClient, DBOSConfig
 from pydantic_ai import Agent
@@ -14,6 +14,10 @@ from pydantic_ai.models import Model
 from agent.settings import Settings, get_settings
 from steps import faults, notify, payments
 from steps.store import close_app_database, create_engine, normalize_url, open_app_database
+
+if TYPE_CHECKING:  # imported lazily at run time: runtime is imported by the workflow they feed
+    from agent.approvals import ApprovalSettings
+    from agent.policy import Limits
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +30,8 @@ class Runtime:
     settings: Settings
     agent: Agent[Any, Any]
     model_label: str
-    limits: Any  # policy.Limits (kept untyped here so runtime does not import policy at module level)
-    approvals: Any  # approvals.ApprovalSettings
+    limits: Limits
+    approvals: ApprovalSettings
 
 
 _runtime: Runtime | None = None

@@ -9,7 +9,6 @@ from __future__ import annotations
 import signal
 import subprocess
 from collections.abc import Iterator
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -59,15 +58,8 @@ class Cluster:
         self.procs.append(proc)
         return proc
 
-    def approve(self, refund_id: str, pending: dict[str, Any]) -> None:
-        approvals.decide(
-            self.client,
-            refund_id=refund_id,
-            decision="approve",
-            approver="dana",
-            amount=Decimal(pending["amount"]),
-            currency=pending["currency"],
-        )
+    def approve(self, refund_id: str) -> None:
+        approvals.decide_pending(self.client, refund_id=refund_id, decision="approve", approver="dana")
 
     def status(self, refund_id: str) -> str | None:
         found = self.client.list_workflows(workflow_ids=[refund_id], load_input=False, load_output=False)
@@ -116,11 +108,11 @@ def test_sigkill_at_named_point_then_restart_pays_exactly_once(
     submit_refund(cluster.client, idempotency_key=refund_id, request=request, app_version="0.1.0")
 
     if needs_approval:
-        pending = wait_for(lambda: approvals.pending_request(cluster.client, refund_id), timeout=90, what="parking")
+        wait_for(lambda: approvals.pending_request(cluster.client, refund_id), timeout=90, what="parking")
         if point == "while_parked":
             first.send_signal(signal.SIGKILL)
         else:
-            cluster.approve(refund_id, pending)
+            cluster.approve(refund_id)
     code = wait_for(first.poll, timeout=90, what="the first worker to die")
     assert code == -signal.SIGKILL, cluster.dump_logs()
     assert cluster.status(refund_id) == "PENDING"
@@ -128,7 +120,7 @@ def test_sigkill_at_named_point_then_restart_pays_exactly_once(
     cluster.worker("worker-2")
     if point == "while_parked":
         # The parked refund is still parked after the restart; the decision can come now.
-        cluster.approve(refund_id, pending)
+        cluster.approve(refund_id)
     outcome = cluster.finished(refund_id)
 
     assert outcome["status"] == "completed", cluster.dump_logs()
