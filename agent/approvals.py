@@ -11,6 +11,7 @@ from dbos import DBOS, DBOSClient
 
 from agent import tokens
 from agent.domain import PHASE_EVENT, ApprovalRecord, Phase, Verdict
+from agent.parking import queue_slot_released
 from steps.faults import crash_point
 from steps.notify import notify_approvers_step, slack_approvers_step, slack_enabled
 from steps.records import format_money
@@ -68,12 +69,13 @@ async def await_decision(refund_id: str, verdict: Verdict, *, reason: str, confi
     notify_approvers_step(refund_id, kind="request", text=f"{text}\nDecide: {link}")
     if slack_enabled():
         slack_approvers_step(refund_id, text=text, link=link, token=token)
-    message = await DBOS.recv_async(APPROVAL_TOPIC, timeout_seconds=escalate_after)
-    if message is None:
-        notify_approvers_step(
-            refund_id, kind="escalation", text=f"Escalation: refund {refund_id} of {money} is still waiting: {link}"
-        )
-        message = await DBOS.recv_async(APPROVAL_TOPIC, timeout_seconds=max(timeout - escalate_after, 0.0))
+    with queue_slot_released():  # waiting for a person must not keep other refunds from starting
+        message = await DBOS.recv_async(APPROVAL_TOPIC, timeout_seconds=escalate_after)
+        if message is None:
+            notify_approvers_step(
+                refund_id, kind="escalation", text=f"Escalation: refund {refund_id} of {money} is still waiting: {link}"
+            )
+            message = await DBOS.recv_async(APPROVAL_TOPIC, timeout_seconds=max(timeout - escalate_after, 0.0))
     if message is not None:
         crash_point("after_approval_received")
     # The recorded row is the decision; the message only wakes us. Expiry is recorded unless a person won.
