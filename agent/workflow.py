@@ -54,7 +54,7 @@ async def refund_workflow(refund_id: str, request: dict[str, Any]) -> dict[str, 
             return await _finish(refund_id, req, Phase.REJECTED, detail, _declined_reply(verdict))
 
     await DBOS.set_event_async(PHASE_EVENT, Phase.PAYING.value)
-    plan = prepare_payment_step(refund_id, req.order_id)
+    plan = prepare_payment_step(refund_id, req.order_id, amount=verdict.amount, currency=verdict.currency)
     if plan.snapshot is None:
         return await _finish(refund_id, req, Phase.FAILED, "the order disappeared", _declined_reply(verdict))
     order = plan.snapshot.order

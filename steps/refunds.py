@@ -184,16 +184,38 @@ def settle_approval_step(refund_id: str, *, amount: Decimal, currency: str) -> A
 
 
 @transaction("refunds.prepare_payment")
-def prepare_payment_step(refund_id: str, order_id: str) -> PaymentPlan:
-    """Re-read the order right before paying and stamp the first payment attempt (kept across retries)."""
+def prepare_payment_step(refund_id: str, order_id: str, *, amount: Decimal, currency: str) -> PaymentPlan:
+    """Reserve the amount against the order right before paying; stamp the first attempt (kept across retries).
+
+    The snapshot counts what other refunds of the order are paying right now as already refunded, so
+    two refunds of one order on two workers cannot both pass the balance check. The order's row is
+    locked on Postgres; SQLite's IMMEDIATE transactions serialize writers anyway.
+    """
     now = datetime.now(UTC)
-    row = session().execute(ORDER_QUERY.where(orders.c.order_id == order_id)).first()
+    row = session().execute(ORDER_QUERY.where(orders.c.order_id == order_id).with_for_update(of=orders)).first()
     started = (
         session().execute(sa.select(refunds.c.payment_started_at).where(refunds.c.refund_id == refund_id)).scalar_one()
     )
     first = utc(started) if started else now
-    _touch(refund_id, now, status="paying", payment_started_at=first)
-    snapshot = OrderSnapshot(order=order_from_row(row), as_of=now) if row else None
+    in_flight = (
+        session()
+        .execute(
+            sa.select(sa.func.coalesce(sa.func.sum(refunds.c.reserved_amount_minor), 0)).where(
+                refunds.c.order_id == order_id,
+                refunds.c.refund_id != refund_id,
+                refunds.c.reserved_amount_minor.is_not(None),
+            )
+        )
+        .scalar_one()
+    )
+    _touch(refund_id, now, status="paying", payment_started_at=first, reserved_amount_minor=to_minor(amount, currency))
+    snapshot = None
+    if row is not None:
+        order = order_from_row(row)
+        held = from_minor(int(in_flight), order.currency)
+        snapshot = OrderSnapshot(
+            order=order.model_copy(update={"amount_refunded": order.amount_refunded + held}), as_of=now
+        )
     return PaymentPlan(snapshot=snapshot, first_attempt_at=first)
 
 
@@ -210,6 +232,7 @@ def record_payment_step(refund_id: str, order_id: str, payment: ProviderRefund) 
         refund_id,
         now,
         status="completed",
+        reserved_amount_minor=None,
         provider_refund_id=payment.provider_refund_id,
         idempotency_key=payment.idempotency_key,
     )
@@ -219,5 +242,5 @@ def record_payment_step(refund_id: str, order_id: str, payment: ProviderRefund) 
 @transaction("refunds.record_outcome")
 def record_outcome_step(refund_id: str, *, status: Literal["rejected", "failed", "cancelled"], detail: str) -> None:
     now = datetime.now(UTC)
-    _touch(refund_id, now, status=status)
+    _touch(refund_id, now, status=status, reserved_amount_minor=None)  # whatever was held is released
     audit.append(session(), refund_id=refund_id, event=f"refund_{status}", payload={"detail": detail}, now=now)

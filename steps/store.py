@@ -59,6 +59,8 @@ refunds = sa.Table(
     sa.Column("provider_refund_id", sa.String(64)),
     sa.Column("idempotency_key", sa.String(300)),
     sa.Column("payment_started_at", sa.DateTime(timezone=True)),
+    # Held against the order from the moment the payment is prepared until it is recorded or abandoned.
+    sa.Column("reserved_amount_minor", sa.BigInteger),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
 )
