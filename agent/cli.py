@@ -175,6 +175,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         drop_rate=args.drop_rate,
         latency_ms=args.latency_ms,
         pg_restart=args.pg_restart,
+        max_unanswered=args.max_unanswered,
         max_seconds=args.max_seconds,
         settle_seconds=args.settle_seconds,
         work_dir=Path(args.dir) if args.dir else get_settings().refund_agent_data_dir / "chaos",
@@ -195,6 +196,7 @@ def _chaos_parser(sub: Any) -> None:
     c.add_argument("--drop-rate", type=float, default=0.1, help="payment applied but its response lost")
     c.add_argument("--latency-ms", type=int, default=20, help="payment API latency")
     c.add_argument("--pg-restart", metavar="VERSION/CLUSTER", help="restart this local cluster once (opt-in)")
+    c.add_argument("--max-unanswered", type=int, default=2, help="approval requests left unanswered on purpose")
     c.add_argument("--max-seconds", type=float, default=900, help="bound on the whole run")
     c.add_argument("--settle-seconds", type=float, default=180, help="after faults stop, time to finish")
     c.add_argument("--dir", help="work directory (logs, SQLite files); default DATA_DIR/chaos")

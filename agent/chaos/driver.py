@@ -21,6 +21,7 @@ from agent.chaos.plan import Plan, PlannedRefund
 log = logging.getLogger(__name__)
 
 _RETRYABLE = (httpx.TransportError,)
+FINAL = ("completed", "rejected", "failed", "cancelled")
 
 
 class Driver:
@@ -141,20 +142,43 @@ class Driver:
             if late is None or late.status_code != 409 or recorded.get("decision") != p.decision:
                 self._violation(f"{p.refund_id}: a late {other} was not refused with the recorded {p.decision}")
 
+    def _parked_now(self) -> set[str]:
+        """Refunds the service lists as awaiting approval (one cheap listing instead of a status per refund)."""
+        found: set[str] = set()
+        cursor: str | None = None
+        while True:
+            params = {"status": "awaiting_approval", "limit": 100, **({"cursor": cursor} if cursor else {})}
+            response = self._call("GET", "/refunds", params=params, headers=self.auth)
+            if response is None or response.status_code != 200:
+                return found
+            page = response.json()
+            found |= {item["refund_id"] for item in page["items"]}
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return found
+
+    def _drop_settled(self, waiting: dict[str, PlannedRefund]) -> None:
+        """Stop waiting for refunds that ended without ever parking (the judge says whether that was right)."""
+        for refund_id in [r for r in waiting if r in self.accepted]:
+            response = self._call("GET", f"/refunds/{refund_id}", headers=self.auth)
+            if response is not None and response.status_code == 200 and response.json()["status"] in FINAL:
+                waiting.pop(refund_id)
+
     def approve_all(self) -> None:
-        waiting = {p.refund_id: p for p in self.plan.refunds if p.expected != "awaiting_approval" and p.decision}
+        waiting = {p.refund_id: p for p in self.plan.refunds if p.decision}
         while waiting and time.monotonic() < self.deadline and not self._stop.is_set():
-            for refund_id in [r for r in waiting if r in self.accepted]:
+            parked = self._parked_now() & waiting.keys()
+            if not parked and self._submitting_done.is_set():
+                self._drop_settled(waiting)
+            for refund_id in sorted(parked):
                 response = self._call("GET", f"/refunds/{refund_id}", headers=self.auth)
                 status = response.json() if response is not None and response.status_code == 200 else {}
                 token = (status.get("approval") or {}).get("token")
                 if status.get("status") == "awaiting_approval" and token:
                     self._answer(waiting.pop(refund_id), token)
-                elif status.get("status") in ("completed", "rejected", "failed", "cancelled"):
-                    waiting.pop(refund_id)  # never parked: the judge will say whether that was right
             if self._submitting_done.is_set() and not any(r in self.accepted for r in waiting):
                 break
-            self._stop.wait(0.3)
+            self._stop.wait(0.5)
 
     # -- killer ----------------------------------------------------------------------------------
     def _wait_submitted(self, count: int) -> bool:

@@ -170,12 +170,30 @@ def _refund(rng: random.Random, i: int, seed: int, limits: Limits) -> PlannedRef
 
 
 def make_plan(
-    *, seed: int, refunds: int, kills: int, workers: int, pg_restart: bool, limits: Limits | None = None
+    *,
+    seed: int,
+    refunds: int,
+    kills: int,
+    workers: int,
+    pg_restart: bool,
+    max_unanswered: int = 2,
+    limits: Limits | None = None,
 ) -> Plan:
-    """The whole run, from the seed: same seed and sizes, same plan."""
+    """The whole run, from the seed: same seed and sizes, same plan.
+
+    At most ``max_unanswered`` approval requests are left unanswered: each one holds a worker's queue
+    slot for as long as it waits (see the README's chaos section), so many of them starve the queue.
+    """
     limits = limits or Limits()
     rng = random.Random(seed)
-    planned = tuple(_refund(rng, i, seed, limits) for i in range(refunds))
+    planned: list[PlannedRefund] = []
+    for i in range(refunds):
+        p = _refund(rng, i, seed, limits)
+        unanswered = sum(1 for q in planned if q.expected == "awaiting_approval")
+        if p.expected == "awaiting_approval" and unanswered >= max_unanswered:
+            p = replace(p, decision="approve")
+            p = replace(p, expected=expected_outcome(p, limits)[0], expected_amount=expected_outcome(p, limits)[1])
+        planned.append(p)
     schedule = sorted(
         (
             Kill(
@@ -193,7 +211,7 @@ def make_plan(
     return Plan(
         seed=seed,
         limits=limits,
-        refunds=planned,
+        refunds=tuple(planned),
         kills=tuple(schedule),
         pg_restart_after=rng.randint(1, max(refunds, 1)) if pg_restart else None,
         payment_fault_seed=rng.randint(0, 2**31),

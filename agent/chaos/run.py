@@ -43,6 +43,8 @@ class ChaosConfig:
     latency_ms: int = 20
     pg_restart: str | None = None
     """``VERSION/CLUSTER`` of the local cluster behind ``postgres_url``: restart it once, mid-run."""
+    max_unanswered: int = 2
+    """Approval requests deliberately left unanswered (each holds a queue slot while it waits)."""
     max_seconds: float = 900.0
     settle_seconds: float = 180.0
     work_dir: Path = field(default_factory=lambda: Path(".refund-agent/chaos"))
@@ -132,6 +134,7 @@ def run_chaos(config: ChaosConfig, *, say: Any = print) -> dict[str, Any]:
         kills=config.kills,
         workers=config.workers,
         pg_restart=bool(config.pg_restart),
+        max_unanswered=config.max_unanswered,
     )
     shutil.rmtree(config.work_dir, ignore_errors=True)
     config.work_dir.mkdir(parents=True)
