@@ -136,3 +136,4 @@ def test_small_chaos_run_with_kills_and_payment_faults_has_no_violation(tmp_path
     faults = verdict["faults"]
     assert faults.get("sigkills", 0) + faults.get("crash_point_kills", 0) >= 5
     assert faults["payment_faults_injected"] > 0
+    assert faults.get("postgres_restarts", 0) == (1 if config.pg_restart else 0)
