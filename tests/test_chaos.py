@@ -15,6 +15,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from agent.chaos import ChaosConfig, run_chaos
 from agent.chaos.plan import Limits, expected_outcome, make_plan
 from agent.chaos.verdict import Observed, judge
@@ -103,6 +105,14 @@ def test_judge_catches_a_refund_paid_that_policy_refuses_and_an_overpaid_order()
     verdict = judge(plan, observed, [*ledger, extra], audit=OK_AUDIT, faults={})
     assert not verdict["ok"]
     assert verdict["checks"]["wrong_amounts"] == 1 and verdict["checks"]["over_refunded_orders"] == 1
+
+
+def test_chaos_refuses_to_empty_a_directory_it_did_not_make(tmp_path: Path) -> None:
+    keep = tmp_path / "precious.txt"
+    keep.write_text("not a chaos run")
+    with pytest.raises(ValueError, match="not a chaos work directory"):
+        run_chaos(ChaosConfig(work_dir=tmp_path, refunds=1, kills=0))
+    assert keep.read_text() == "not a chaos run"
 
 
 def test_small_chaos_run_with_kills_and_payment_faults_has_no_violation(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from steps.store import create_engine, orders, refunds
 log = logging.getLogger(__name__)
 
 MAX_REFUNDS, MAX_KILLS, MAX_SECONDS = 5000, 500, 6 * 3600
+MARKER = ".refund-agent-chaos"
 _WORKFLOW_END = {"ERROR": "failed", "MAX_RECOVERY_ATTEMPTS_EXCEEDED": "failed", "CANCELLED": "cancelled"}
 
 
@@ -79,6 +80,16 @@ def _drop(config: ChaosConfig, names: list[str]) -> None:
         with psycopg.connect(admin, autocommit=True) as conn:
             for name in names:
                 conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _fresh_work_dir(path: Path) -> None:
+    """Empty the work directory of an earlier run; never delete a directory this command did not make."""
+    marker = path / MARKER
+    if path.exists() and any(path.iterdir()) and not marker.exists():
+        raise ValueError(f"{path} is not empty and not a chaos work directory; pass another --dir")
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    marker.write_text("work directory of `refund-agent chaos`; emptied by the next run\n")
 
 
 def restart_postgres(cluster: str, url: str) -> None:
@@ -136,8 +147,7 @@ def run_chaos(config: ChaosConfig, *, say: Any = print) -> dict[str, Any]:
         pg_restart=bool(config.pg_restart),
         max_unanswered=config.max_unanswered,
     )
-    shutil.rmtree(config.work_dir, ignore_errors=True)
-    config.work_dir.mkdir(parents=True)
+    _fresh_work_dir(config.work_dir)
     system_url, app_url, names = _databases(config, f"{config.seed}_{secrets.token_hex(3)}")
     backend = "postgres" if config.postgres_url else "sqlite"
     say(f"chaos: seed {config.seed}, plan {plan.fingerprint()}, {config.refunds} refunds, {len(plan.kills)} kills, "
