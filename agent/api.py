@@ -26,7 +26,7 @@ from steps.orders import list_orders
 from steps.records import from_minor, quantize
 from steps.store import app_db, refunds
 
-_AMOUNT = re.compile(r"^\d{1,12}(\.\d{1,2})?$")
+_AMOUNT = re.compile(r"^[0-9]{1,12}(\.[0-9]{1,2})?$")  # ASCII digits: \d would also match "٤٢"
 Status = Literal["received", "deciding", "awaiting_approval", "paying", "completed", "rejected", "failed", "cancelled"]
 
 

@@ -116,7 +116,8 @@ def approval_form(
         claims = tokens.verify(token, svc.signing_secret)
         record = decide(svc, claims.refund_id, decision, approver.strip(), token)
     except tokens.TokenError as error:
-        return _page("Approval link not valid", f"<p>{html.escape(str(error))}</p>", 410)
+        status = 410 if error.code == "expired" else 401
+        return _page("Approval link not valid", f"<p>{html.escape(str(error))}</p>", status)
     except Problem as error:
         return _page("Decision not recorded", f"<p>{html.escape(error.detail)}</p>", error.status)
     return _page("Decision recorded", f"<p>{html.escape(record['decision'])} by {html.escape(record['approver'])}.</p>")

@@ -160,6 +160,51 @@ def cmd_demo(_: argparse.Namespace) -> int:
     return run_demo(get_settings())
 
 
+def cmd_chaos(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from agent.chaos import ChaosConfig, run_chaos
+
+    config = ChaosConfig(
+        refunds=args.refunds,
+        kills=args.kills,
+        workers=args.workers,
+        seed=args.seed,
+        postgres_url=args.postgres_url,
+        fail_rate=args.fail_rate,
+        drop_rate=args.drop_rate,
+        latency_ms=args.latency_ms,
+        pg_restart=args.pg_restart,
+        max_unanswered=args.max_unanswered,
+        max_seconds=args.max_seconds,
+        settle_seconds=args.settle_seconds,
+        work_dir=Path(args.dir) if args.dir else get_settings().refund_agent_data_dir / "chaos",
+        out=Path(args.out) if args.out else None,
+        keep=args.keep,
+    )
+    return 0 if run_chaos(config)["ok"] else 1
+
+
+def _chaos_parser(sub: Any) -> None:
+    c = sub.add_parser("chaos", help="seeded soak: kills, payment faults, approvals; prints and writes a verdict")
+    c.add_argument("--refunds", type=int, default=40, help="refund requests to submit (max 5000)")
+    c.add_argument("--kills", type=int, default=5, help="SIGKILLs of serve/workers at seeded moments (max 500)")
+    c.add_argument("--workers", type=int, default=2, help="worker processes besides serve")
+    c.add_argument("--seed", type=int, default=1, help="same seed, same workload and fault schedule")
+    c.add_argument("--postgres-url", help="Postgres server to create the run's databases on (default: SQLite)")
+    c.add_argument("--fail-rate", type=float, default=0.1, help="payment API 500s before applying")
+    c.add_argument("--drop-rate", type=float, default=0.1, help="payment applied but its response lost")
+    c.add_argument("--latency-ms", type=int, default=20, help="payment API latency")
+    c.add_argument("--pg-restart", metavar="VERSION/CLUSTER", help="restart this local cluster once (opt-in)")
+    c.add_argument("--max-unanswered", type=int, default=2, help="approval requests left unanswered on purpose")
+    c.add_argument("--max-seconds", type=float, default=900, help="bound on the whole run")
+    c.add_argument("--settle-seconds", type=float, default=180, help="after faults stop, time to finish")
+    c.add_argument("--dir", help="work directory (logs, SQLite files); default DATA_DIR/chaos")
+    c.add_argument("--out", help="write the verdict JSON here")
+    c.add_argument("--keep", action="store_true", help="keep the run's Postgres databases")
+    c.set_defaults(func=cmd_chaos)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="refund-agent", description="A durable AI refund agent.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -196,6 +241,7 @@ def parser() -> argparse.ArgumentParser:
         d.add_argument("refund_id")
         d.add_argument("--approver", required=True)
         d.set_defaults(func=cmd_decide)
+    _chaos_parser(sub)
     audit = sub.add_parser("audit", help="audit log tools")
     audit_sub = audit.add_subparsers(dest="audit_command", required=True)
     audit_sub.add_parser("verify", help="verify the hash chain").set_defaults(func=cmd_audit)
@@ -209,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return eval_main(argv[1:])
     args = parser().parse_args(argv)
-    _setup_logging("WARNING" if args.command in ("demo", "status", "approve", "reject", "submit") else "INFO")
+    _setup_logging("WARNING" if args.command in ("demo", "status", "approve", "reject", "submit", "chaos") else "INFO")
     code: int = args.func(args)
     return code
 

@@ -1,0 +1,149 @@
+"""The chaos soak: seeded plans, a judge that catches each kind of violation, and a small real run.
+
+The small run is what CI runs: 40 refunds through a real `serve` and a worker on Postgres (SQLite when
+the Postgres half is off), 5 SIGKILLs at seeded moments, payment 500s, latency and lost responses.
+With REFUND_AGENT_CHAOS_PG_CLUSTER (``VERSION/NAME``) and REFUND_AGENT_CHAOS_POSTGRES_URL naming a
+private local cluster, the run also restarts that Postgres cluster once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.chaos import ChaosConfig, run_chaos
+from agent.chaos.plan import Limits, expected_outcome, make_plan
+from agent.chaos.verdict import Observed, judge
+from steps.records import to_minor
+from tests.conftest import PG_SERVER
+
+OK_AUDIT = {"ok": True, "entries": 1}
+
+
+def test_same_seed_gives_the_same_workload_and_fault_schedule() -> None:
+    one = make_plan(seed=7, refunds=60, kills=8, workers=2, pg_restart=True)
+    again = make_plan(seed=7, refunds=60, kills=8, workers=2, pg_restart=True)
+    other = make_plan(seed=8, refunds=60, kills=8, workers=2, pg_restart=True)
+    assert one == again and one.fingerprint() == again.fingerprint()
+    assert one.kills != other.kills and one.fingerprint() != other.fingerprint()
+    assert len(one.kills) == 8 and one.pg_restart_after is not None
+    assert {p.expected for p in one.refunds} == {"completed", "rejected", "awaiting_approval"}
+    assert any(p.second_decision == "same" for p in one.refunds)
+    assert any(p.second_decision == "opposite" for p in one.refunds)
+
+
+def test_expected_outcomes_restate_the_money_rules() -> None:
+    plan = make_plan(seed=1, refunds=1, kills=0, workers=1, pg_restart=False)
+    base = replace(plan.refunds[0], captured=Decimal("500.00"), refunded=Decimal(0), amount=None, decision=None)
+    limits = Limits()
+    assert expected_outcome(replace(base, amount=Decimal("99.99")), limits) == ("completed", Decimal("99.99"))
+    assert expected_outcome(base, limits) == ("awaiting_approval", Decimal(0))
+    assert expected_outcome(replace(base, decision="approve"), limits) == ("completed", Decimal("500.00"))
+    assert expected_outcome(replace(base, decision="reject"), limits) == ("rejected", Decimal(0))
+    assert expected_outcome(replace(base, order_status="disputed"), limits)[0] == "rejected"
+    assert expected_outcome(replace(base, days_since_payment=61), limits)[0] == "rejected"
+    assert expected_outcome(replace(base, refunded=Decimal(400), amount=Decimal(200)), limits)[0] == "rejected"
+    assert expected_outcome(replace(base, captured=Decimal(10001)), limits)[0] == "rejected"
+
+
+def _clean_evidence(seed: int = 5) -> tuple[Any, dict[str, Observed], list[dict[str, Any]]]:
+    """A plan and the evidence a correct service would leave for it."""
+    plan = make_plan(seed=seed, refunds=30, kills=0, workers=1, pg_restart=False)
+    observed, ledger = {}, []
+    for p in plan.refunds:
+        flow = "PENDING" if p.expected == "awaiting_approval" else "SUCCESS"
+        book = to_minor(p.refunded + p.expected_amount, p.currency)
+        observed[p.refund_id] = Observed(True, p.expected, flow, book)
+        if p.expected_amount:
+            minor = to_minor(p.expected_amount, p.currency)
+            meta = {"refund_id": p.refund_id}
+            ledger.append(
+                {"id": f"re_{p.refund_id}", "amount": minor, "currency": p.currency.lower(), "metadata": meta}
+            )
+    return plan, observed, ledger
+
+
+def test_judge_passes_clean_evidence_and_names_every_kind_of_violation() -> None:
+    plan, observed, ledger = _clean_evidence()
+    assert judge(plan, observed, ledger, audit=OK_AUDIT, faults={})["ok"]
+
+    paid = next(p for p in plan.refunds if p.expected == "completed")
+    parked = next(p for p in plan.refunds if p.expected == "awaiting_approval")
+    refused = next(p for p in plan.refunds if p.expected == "rejected")
+    paid_row = next(r for r in ledger if r["metadata"]["refund_id"] == paid.refund_id)
+    tampered = dict(observed)
+    tampered[parked.refund_id] = Observed(True, "deciding", "PENDING", 0)  # neither terminal nor parked
+    tampered[refused.refund_id] = Observed(True, None, None, None)  # accepted, then nothing: lost
+    verdict = judge(
+        plan,
+        tampered,
+        [*ledger, dict(paid_row, id="re_again"), {"id": "re_x", "amount": 1, "currency": "usd", "metadata": {}}],
+        audit={"ok": False, "entries": 3, "first_broken_seq": 2},
+        faults={"sigkills": 1},
+    )
+    checks = verdict["checks"]
+    assert not verdict["ok"]
+    assert checks["duplicate_refunds"] == 1 and checks["unknown_ledger_refunds"] == 1
+    assert checks["stuck"] == 1 and checks["lost"] == 1
+    assert checks["wrong_amounts"] == 1 and checks["service_book_mismatches"] == 1
+    assert any("refunded totals" in v for v in verdict["violations"])
+    assert any("audit chain broken" in v for v in verdict["violations"])
+
+
+def test_judge_catches_a_refund_paid_that_policy_refuses_and_an_overpaid_order() -> None:
+    plan, observed, ledger = _clean_evidence(seed=6)
+    refused = next(p for p in plan.refunds if p.expected == "rejected" and p.refunded < p.captured)
+    minor = to_minor(refused.captured, refused.currency) + 1
+    meta = {"refund_id": refused.refund_id}
+    extra = {"id": "re_bad", "amount": minor, "currency": refused.currency.lower(), "metadata": meta}
+    verdict = judge(plan, observed, [*ledger, extra], audit=OK_AUDIT, faults={})
+    assert not verdict["ok"]
+    assert verdict["checks"]["wrong_amounts"] == 1 and verdict["checks"]["over_refunded_orders"] == 1
+
+
+def test_chaos_refuses_to_empty_a_directory_it_did_not_make(tmp_path: Path) -> None:
+    keep = tmp_path / "precious.txt"
+    keep.write_text("not a chaos run")
+    with pytest.raises(ValueError, match="not a chaos work directory"):
+        run_chaos(ChaosConfig(work_dir=tmp_path, refunds=1, kills=0))
+    assert keep.read_text() == "not a chaos run"
+
+
+def test_small_chaos_run_with_kills_and_payment_faults_has_no_violation(tmp_path: Path) -> None:
+    cluster = os.environ.get("REFUND_AGENT_CHAOS_PG_CLUSTER")
+    private = os.environ.get("REFUND_AGENT_CHAOS_POSTGRES_URL")
+    postgres = private if cluster and private else None if PG_SERVER.lower() in ("", "off") else PG_SERVER
+    config = ChaosConfig(
+        refunds=40,
+        kills=5,
+        workers=1,
+        seed=2026,
+        postgres_url=postgres,
+        fail_rate=0.15,
+        drop_rate=0.15,
+        latency_ms=20,
+        pg_restart=cluster if cluster and private else None,
+        max_seconds=300,
+        settle_seconds=150,
+        work_dir=tmp_path / "chaos",
+        out=tmp_path / "verdict.json",
+    )
+    verdict = run_chaos(config)
+    if not verdict["ok"]:
+        for log in sorted((tmp_path / "chaos" / "logs").glob("*.log")):
+            print(f"--- {log.name}\n{log.read_text()[-4000:]}")
+    assert verdict["violations"] == []
+    assert verdict["ok"] and json.loads((tmp_path / "verdict.json").read_text())["ok"]
+    assert verdict["accepted"] == 40 and sum(verdict["outcomes"].values()) == 40
+    assert verdict["checks"]["duplicate_refunds"] == 0 and verdict["checks"]["lost"] == 0
+    assert verdict["refunded"]["expected"] == verdict["refunded"]["ledger"]
+    faults = verdict["faults"]
+    assert faults.get("sigkills", 0) + faults.get("crash_point_kills", 0) >= 5
+    assert faults["payment_faults_injected"] > 0
+    assert faults.get("postgres_restarts", 0) == (1 if config.pg_restart else 0)
