@@ -104,14 +104,16 @@ def restart_postgres(cluster: str, url: str) -> None:
 
 
 def _observe(plan: Plan, engine: sa.Engine, client: DBOSClient, accepted: set[str]) -> dict[str, Observed]:
-    with engine.connect() as conn:
-        rows = {r.refund_id: r.status for r in conn.execute(sa.select(refunds.c.refund_id, refunds.c.status))}
-        books = {r.order_id: r.amount_refunded_minor for r in conn.execute(sa.select(orders))}
+    # Workflows first, then the book: a workflow that had ended had written its book rows, so a book read
+    # afterwards is final for it (read the other way round, a refund finishing in between looks stuck).
     ids = [p.refund_id for p in plan.refunds]
     flows: dict[str, str] = {}
     for i in range(0, len(ids), 200):
         for w in client.list_workflows(workflow_ids=ids[i : i + 200], load_input=False, load_output=False):
             flows[w.workflow_id] = w.status
+    with engine.connect() as conn:
+        rows = {r.refund_id: r.status for r in conn.execute(sa.select(refunds.c.refund_id, refunds.c.status))}
+        books = {r.order_id: r.amount_refunded_minor for r in conn.execute(sa.select(orders))}
     observed = {}
     for p in plan.refunds:
         flow, status = flows.get(p.refund_id), rows.get(p.refund_id)
