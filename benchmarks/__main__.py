@@ -35,17 +35,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="small counts and 3 rounds: a few minutes")
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
     p.add_argument("--rounds", type=int, help="rounds for cost and throughput (default 5, quick 3)")
-    p.add_argument("--refunds", type=int, help="refunds per variant per round in the cost section (default 20)")
+    p.add_argument("--refunds", type=int, help="refunds per variant per round in the cost section (default 15)")
     p.add_argument(
         "--count-refunds", type=int, help="refunds per variant in the Postgres commit-count pass (0 skips it)"
     )
     p.add_argument("--levels", default="1,4,16,64", help="concurrency levels of the throughput section")
     p.add_argument("--throughput-refunds", type=int, help="refunds per cell: max(this, 2 x C) (default 24)")
-    p.add_argument("--parked", help="parked-approval counts, comma-separated (default 1000,3000; quick 100)")
+    p.add_argument("--parked", help="parked-approval counts, comma-separated (default 1000,2000; quick 100)")
     p.add_argument("--approvals", type=int, help="approvals sent in the parked section (default 60)")
     p.add_argument("--approval-rate", type=float, default=3.0, help="approvals per second (default 3)")
     p.add_argument("--parked-timeout", type=float, default=900.0, help="seconds to wait for parking/recovery")
-    p.add_argument("--tuning-rounds", type=int, help="rounds per tuning knob (default 4, quick 2)")
+    p.add_argument("--tuning-rounds", type=int, help="rounds per tuning knob (default 3, quick 2)")
     p.add_argument("--tuning-only", help="only knobs whose name contains this")
     p.add_argument("--profile-refunds", type=int, help="refunds profiled per backend (default 20)")
     p.add_argument("--postgres-url", default=harness.DEFAULT_POSTGRES)
@@ -55,13 +55,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     q = args.quick
     args.rounds = args.rounds or (3 if q else 5)
-    args.refunds = args.refunds or (5 if q else 20)
+    args.refunds = args.refunds or (5 if q else 15)
     if args.count_refunds is None:
-        args.count_refunds = 5 if q else 20
+        args.count_refunds = 5 if q else 15
     args.throughput_refunds = args.throughput_refunds or (8 if q else 24)
-    args.parked = [int(x) for x in (args.parked or ("100" if q else "1000,3000")).split(",") if x]
+    args.parked = [int(x) for x in (args.parked or ("100" if q else "1000,2000")).split(",") if x]
     args.approvals = args.approvals or (20 if q else 60)
-    args.tuning_rounds = args.tuning_rounds or (2 if q else 4)
+    args.tuning_rounds = args.tuning_rounds or (2 if q else 3)
     args.profile_refunds = args.profile_refunds or (5 if q else 20)
     args.sections = [s for s in args.sections.split(",") if s]
     unknown = set(args.sections) - set(SECTIONS)
