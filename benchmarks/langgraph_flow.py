@@ -1,0 +1,397 @@
+"""The same refund flow as a LangGraph graph, checkpointed by PostgresSaver / SqliteSaver.
+
+The graph is LangGraph's usual agent loop (a model node and a tool node, as in ``create_react_agent``)
+followed by one node per external call of ``refund_workflow``, so LangGraph checkpoints after each model
+request, each tool call and each step, as DBOS does:
+
+    model <-> tools  ->  policy (order re-read)  ->  record_verdict
+      -> [open_approval -> notify_approvers -> await_approval (interrupt) -> settle_approval]
+      -> prepare_payment -> pay -> record_payment -> notify_customer
+
+Model requests go to the same offline model function; tools do what the agent's tools do (same order
+lookup and refund history through the same step functions, same policy call); every application
+write, the payment call and its idempotency key are the ones the DBOS workflow makes (the product's
+step functions, called outside a workflow). Without a checkpointer the same graph is the LangGraph
+flow's no-durability twin.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from decimal import Decimal
+from typing import Any, Literal, TypedDict
+
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.checkpoint.postgres import PostgresSaver
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.state import CompiledStateGraph
+from langgraph.types import Command, interrupt
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelMessagesTypeAdapter,
+    ModelRequest,
+    ModelResponse,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+from pydantic_ai.models import ModelRequestParameters
+from pydantic_ai.models.function import AgentInfo
+from pydantic_ai.tools import ToolDefinition
+
+from agent import policy
+from agent.brain import INSTRUCTIONS, _order_view, prompt_for
+from agent.domain import RefundProposal, RefundRequest, Verdict
+from agent.offline import offline_model_function
+from steps.notify import notify_approvers_step, notify_customer_step
+from steps.orders import load_order_step, refund_history_step
+from steps.payments import issue_refund_step
+from steps.records import OrderSnapshot, ProviderRefund
+from steps.refunds import (
+    PaymentPlan,
+    open_approval_step,
+    prepare_payment_step,
+    record_payment_step,
+    record_verdict_step,
+    settle_approval_step,
+)
+
+OUTPUT_TOOL = "final_result"
+_INFO = AgentInfo(
+    function_tools=[],
+    allow_text_output=False,
+    output_tools=[ToolDefinition(name=OUTPUT_TOOL, parameters_json_schema=RefundProposal.model_json_schema())],
+    model_settings=None,
+    model_request_parameters=ModelRequestParameters(),
+    instructions=INSTRUCTIONS,
+)
+
+
+class RefundState(TypedDict, total=False):
+    refund_id: str
+    request: dict[str, Any]
+    messages: list[Any]
+    snapshot: dict[str, Any] | None
+    proposal: dict[str, Any]
+    verdict: dict[str, Any]
+    plan: dict[str, Any]
+    decision: dict[str, Any]
+    payment: dict[str, Any]
+    outcome: dict[str, Any]
+
+
+class Context:
+    """What the nodes need besides the state: the policy limits and the model label."""
+
+    limits: policy.Limits
+    model_label: str = "offline model"
+
+
+ctx = Context()
+
+
+def _messages(state: RefundState) -> list[ModelMessage]:
+    return ModelMessagesTypeAdapter.validate_python(state["messages"])
+
+
+def _dump(messages: list[ModelMessage]) -> list[Any]:
+    return list(ModelMessagesTypeAdapter.dump_python(messages, mode="json"))
+
+
+def _snapshot(state: RefundState, order_id: str) -> OrderSnapshot | None:
+    if state.get("snapshot") is not None:
+        return OrderSnapshot.model_validate(state["snapshot"])
+    return load_order_step(order_id)
+
+
+def model_node(state: RefundState) -> RefundState:
+    messages = _messages(state)
+    response = offline_model_function(messages, _INFO)
+    update: RefundState = {"messages": _dump([*messages, response])}
+    call = response.parts[0]
+    if isinstance(call, ToolCallPart) and call.tool_name == OUTPUT_TOOL:
+        update["proposal"] = RefundProposal.model_validate(call.args_as_dict()).model_dump(mode="json")
+    return update
+
+
+def tools_node(state: RefundState) -> RefundState:
+    """The agent's three tools, as ``agent.brain`` implements them."""
+    messages = _messages(state)
+    request = RefundRequest.model_validate(state["request"])
+    last = messages[-1]
+    assert isinstance(last, ModelResponse)
+    update: RefundState = {}
+    returns = []
+    for part in last.parts:
+        if not isinstance(part, ToolCallPart):
+            continue
+        args = part.args_as_dict()
+        snapshot = _snapshot(state, request.order_id)
+        if snapshot is not None and state.get("snapshot") is None:
+            update["snapshot"] = snapshot.model_dump(mode="json")
+        content: dict[str, Any]
+        if part.tool_name == "get_order":
+            if args.get("order_id") != request.order_id:
+                content = {"error": "only the order named in this refund request can be looked up"}
+            elif snapshot is None:
+                content = {"error": f"order {request.order_id} does not exist"}
+            else:
+                content = _order_view(snapshot, ctx.limits)
+        elif part.tool_name == "get_refund_history":
+            history = [] if snapshot is None else refund_history_step(snapshot.order.customer_id)
+            earlier = [
+                {"order_id": h.order_id, "amount": f"{h.amount} {h.currency}", "status": h.status}
+                for h in history
+                if h.refund_id != state["refund_id"]
+            ]
+            content = {"earlier_refunds": earlier, "count": len(earlier)}
+        else:  # request_refund
+            assert snapshot is not None
+            amount = Decimal(str(args["amount"]))
+            order = snapshot.order
+            verdict = policy.decide(
+                amount=amount, currency=order.currency, order=order, as_of=snapshot.as_of, limits=ctx.limits
+            )
+            content = {
+                "verdict": verdict.kind,
+                "amount": str(amount),
+                "currency": order.currency,
+                "refundable_now": str(verdict.refundable),
+                "reasons": list(verdict.reasons),
+            }
+        returns.append(ToolReturnPart(part.tool_name, content, tool_call_id=part.tool_call_id))
+    update["messages"] = _dump([*messages, ModelRequest(parts=returns)])
+    return update
+
+
+def after_model(state: RefundState) -> str:
+    return "policy" if state.get("proposal") else "tools"
+
+
+def policy_node(state: RefundState) -> RefundState:
+    request = RefundRequest.model_validate(state["request"])
+    proposal = RefundProposal.model_validate(state["proposal"])
+    snapshot = load_order_step(request.order_id)
+    assert snapshot is not None
+    verdict = policy.decide(
+        amount=proposal.amount,
+        currency=proposal.currency,
+        order=snapshot.order,
+        as_of=snapshot.as_of,
+        limits=ctx.limits,
+    )
+    return {"verdict": verdict.model_dump(mode="json")}
+
+
+def record_verdict_node(state: RefundState) -> RefundState:
+    record_verdict_step(state["refund_id"], proposal=state["proposal"], verdict=state["verdict"], model=ctx.model_label)
+    return {}
+
+
+def after_verdict(state: RefundState) -> str:
+    kind = state["verdict"]["kind"]
+    if kind == "refuse":
+        raise RuntimeError(f"benchmark refund {state['refund_id']} was refused")
+    return "open_approval" if kind == "needs_approval" else "prepare_payment"
+
+
+def open_approval_node(state: RefundState) -> RefundState:
+    open_approval_step(state["refund_id"], escalate_after=4 * 3600, timeout=72 * 3600)
+    return {}
+
+
+def notify_approvers_node(state: RefundState) -> RefundState:
+    verdict = state["verdict"]
+    text = f"Refund {state['refund_id']} of {verdict['amount']} {verdict['currency']} needs approval"
+    notify_approvers_step(state["refund_id"], kind="request", text=text)
+    return {}
+
+
+def await_approval_node(state: RefundState) -> RefundState:
+    verdict = state["verdict"]
+    decision = interrupt(
+        {"refund_id": state["refund_id"], "amount": verdict["amount"], "currency": verdict["currency"]}
+    )
+    return {"decision": dict(decision)}
+
+
+def settle_approval_node(state: RefundState) -> RefundState:
+    verdict = Verdict.model_validate(state["verdict"])
+    record = settle_approval_step(state["refund_id"], amount=verdict.amount, currency=verdict.currency)
+    if record.decision != "approve":
+        raise RuntimeError(f"benchmark refund {state['refund_id']} was not approved: {record.decision}")
+    return {}
+
+
+def prepare_payment_node(state: RefundState) -> RefundState:
+    request = RefundRequest.model_validate(state["request"])
+    plan = prepare_payment_step(state["refund_id"], request.order_id)
+    assert plan.snapshot is not None
+    verdict = Verdict.model_validate(state["verdict"])
+    recheck = policy.decide(
+        amount=verdict.amount,
+        currency=verdict.currency,
+        order=plan.snapshot.order,
+        as_of=plan.snapshot.as_of,
+        limits=ctx.limits,
+    )
+    if recheck.kind == "refuse":
+        raise RuntimeError(f"benchmark refund {state['refund_id']} refused on re-check")
+    return {"plan": plan.model_dump(mode="json")}
+
+
+def pay_node(state: RefundState) -> RefundState:
+    plan = PaymentPlan.model_validate(state["plan"])
+    verdict = Verdict.model_validate(state["verdict"])
+    assert plan.snapshot is not None
+    order = plan.snapshot.order
+    payment = issue_refund_step(
+        refund_id=state["refund_id"],
+        order_id=order.order_id,
+        charge_id=order.charge_id,
+        amount=verdict.amount,
+        currency=verdict.currency,
+        first_attempt_at=plan.first_attempt_at,
+    )
+    return {"payment": payment.model_dump(mode="json")}
+
+
+def record_payment_node(state: RefundState) -> RefundState:
+    request = RefundRequest.model_validate(state["request"])
+    record_payment_step(state["refund_id"], request.order_id, ProviderRefund.model_validate(state["payment"]))
+    return {}
+
+
+def notify_customer_node(state: RefundState) -> RefundState:
+    plan = PaymentPlan.model_validate(state["plan"])
+    assert plan.snapshot is not None
+    notify_customer_step(
+        state["refund_id"], customer_id=plan.snapshot.order.customer_id, text=state["proposal"]["customer_reply"]
+    )
+    payment = state["payment"]
+    return {"outcome": {"status": "completed", "provider_refund_id": payment["provider_refund_id"]}}
+
+
+def build_graph(checkpointer: BaseCheckpointSaver[Any] | None) -> CompiledStateGraph[Any, Any, Any, Any]:
+    g = StateGraph(RefundState)
+    nodes = {
+        "model": model_node,
+        "tools": tools_node,
+        "policy": policy_node,
+        "record_verdict": record_verdict_node,
+        "open_approval": open_approval_node,
+        "notify_approvers": notify_approvers_node,
+        "await_approval": await_approval_node,
+        "settle_approval": settle_approval_node,
+        "prepare_payment": prepare_payment_node,
+        "pay": pay_node,
+        "record_payment": record_payment_node,
+        "notify_customer": notify_customer_node,
+    }
+    for name, fn in nodes.items():
+        g.add_node(name, fn)
+    g.add_edge(START, "model")
+    g.add_conditional_edges("model", after_model, ["tools", "policy"])
+    g.add_edge("tools", "model")
+    g.add_edge("policy", "record_verdict")
+    g.add_conditional_edges("record_verdict", after_verdict, ["open_approval", "prepare_payment"])
+    g.add_edge("open_approval", "notify_approvers")
+    g.add_edge("notify_approvers", "await_approval")
+    g.add_edge("await_approval", "settle_approval")
+    g.add_edge("settle_approval", "prepare_payment")
+    g.add_edge("prepare_payment", "pay")
+    g.add_edge("pay", "record_payment")
+    g.add_edge("record_payment", "notify_customer")
+    g.add_edge("notify_customer", END)
+    return g.compile(checkpointer=checkpointer)
+
+
+def initial_state(refund_id: str, request: RefundRequest) -> RefundState:
+    first = ModelRequest(parts=[UserPromptPart(prompt_for(request))], instructions=INSTRUCTIONS)
+    return {"refund_id": refund_id, "request": request.model_dump(mode="json"), "messages": _dump([first])}
+
+
+def run_refund(graph: CompiledStateGraph[Any, Any, Any, Any], refund_id: str, request: RefundRequest) -> dict[str, Any]:
+    config: Any = {"configurable": {"thread_id": refund_id}}
+    # Without a checkpointer, durability="sync" fails inside langgraph 1.2.22 (an attribute only a
+    # checkpointed loop sets); it means nothing there anyway.
+    durability: Literal["sync"] | None = "sync" if graph.checkpointer else None
+    state = graph.invoke(initial_state(refund_id, request), config, durability=durability)
+    if "outcome" not in state:
+        raise RuntimeError(f"LangGraph refund {refund_id} did not complete: {sorted(state)}")
+    return dict(state["outcome"])
+
+
+def run_approved_refund(
+    graph: CompiledStateGraph[Any, Any, Any, Any], refund_id: str, request: RefundRequest
+) -> dict[str, Any]:
+    """Run to the approval interrupt, record the approval as the product does, resume to the end."""
+    from benchmarks.flows import approve
+
+    config: Any = {"configurable": {"thread_id": refund_id}}
+    state = graph.invoke(initial_state(refund_id, request), config, durability="sync")
+    interrupts = state.get("__interrupt__")
+    if not interrupts:
+        raise RuntimeError(f"LangGraph refund {refund_id} did not stop for approval")
+    pending = interrupts[0].value
+    approve(refund_id, Decimal(pending["amount"]), pending["currency"])
+    state = graph.invoke(Command(resume={"decision": "approve"}), config, durability="sync")
+    if "outcome" not in state:
+        raise RuntimeError(f"LangGraph refund {refund_id} did not complete after approval")
+    return dict(state["outcome"])
+
+
+@contextmanager
+def saver(backend: str, url: str, *, pool_size: int = 20) -> Iterator[BaseCheckpointSaver[Any]]:
+    """PostgresSaver on a connection pool (as LangGraph documents for concurrent use) or SqliteSaver
+    on one connection, WAL with synchronous=NORMAL (the settings the product gives DBOS's SQLite)."""
+    if backend == "sqlite":
+        from benchmarks.harness import sqlite_commits
+
+        conn = sqlite3.connect(url, check_same_thread=False)
+        sqlite_commits.attach(conn)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        sqlite_saver = SqliteSaver(conn)
+        sqlite_saver.setup()
+        try:
+            yield sqlite_saver
+        finally:
+            conn.close()
+        return
+    pool = ConnectionPool(
+        url.replace("postgresql+psycopg://", "postgresql://"),
+        min_size=1,
+        max_size=pool_size,
+        kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
+        open=True,
+    )
+    try:
+        pg_saver = PostgresSaver(pool)  # type: ignore[arg-type]
+        pg_saver.setup()
+        yield pg_saver
+    finally:
+        pool.close()
+
+
+def checkpoints_per_refund(backend: str, url: str, thread_ids: list[str]) -> dict[str, float]:
+    """Rows LangGraph wrote per refund: checkpoints and pending writes."""
+    n = len(thread_ids)
+    if backend == "sqlite":
+        with sqlite3.connect(url) as conn:
+            marks = ",".join("?" * n)
+            cps = conn.execute(f"SELECT count(*) FROM checkpoints WHERE thread_id IN ({marks})", thread_ids).fetchone()  # noqa: S608
+            writes = conn.execute(f"SELECT count(*) FROM writes WHERE thread_id IN ({marks})", thread_ids).fetchone()  # noqa: S608
+        return {"checkpoints": cps[0] / n, "writes": writes[0] / n}
+    import psycopg
+
+    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as pg:
+        c = pg.execute("SELECT count(*) FROM checkpoints WHERE thread_id = ANY(%s)", (thread_ids,)).fetchone()
+        w = pg.execute("SELECT count(*) FROM checkpoint_writes WHERE thread_id = ANY(%s)", (thread_ids,)).fetchone()
+    assert c is not None and w is not None
+    return {"checkpoints": c[0] / n, "writes": w[0] / n}

@@ -1,0 +1,271 @@
+"""Markdown tables and PNG plots from a results document; the README block they replace."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from benchmarks.cost import LABELS
+from benchmarks.harness import fmt
+
+README = Path(__file__).resolve().parent / "README.md"
+BEGIN, END = "<!-- suite-results:begin -->", "<!-- suite-results:end -->"
+
+
+def _met(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("**met**" if ok else "**missed**")
+
+
+def cost_tables(cost: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    for backend, s in cost["summary"].items():
+        pg = backend == "postgres"
+        lines += [
+            f"**{backend}** (median of {next(iter(s['rows'].values()))['rounds']} rounds; per refund)",
+            "",
+            "| variant | wall ms | client CPU ms | commits | WAL bytes | failed |" if pg else
+            "| variant | wall ms | client CPU ms | commits | failed |",
+            "|---|---:|---:|---:|---:|---:|" if pg else "|---|---:|---:|---:|---:|",
+        ]  # fmt: skip
+        for v, r in s["rows"].items():
+            cells = [LABELS.get(v, v), fmt(r["wall_ms"]), fmt(r["cpu_ms"]), fmt(r.get("commits"))]
+            if pg:
+                cells.append(fmt(r.get("wal_bytes"), 0))
+            cells.append(str(r["failed"]))
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += [
+        "| durable overhead per refund | postgres | sqlite |",
+        "|---|---:|---:|",
+    ]
+    sm = cost["summary"]
+
+    def row(label: str, key: str, digits: int = 1, suffix: str = "") -> str:
+        return f"| {label} | " + " | ".join(fmt(sm[b][key], digits) + suffix for b in ("postgres", "sqlite")) + " |"
+
+    lines += [
+        row("DBOS: workflow - same logic without durability, wall ms", "dbos_overhead_ms"),
+        row("DBOS: same, client CPU ms", "dbos_overhead_cpu_ms"),
+        row("LangGraph: saver - no checkpointer, wall ms", "langgraph_overhead_ms"),
+        row("LangGraph: same, client CPU ms", "langgraph_overhead_cpu_ms"),
+        row("floor: N x (INSERT + COMMIT), wall ms", "floor_ms", 2),
+        row("N = DBOS checkpoints per refund (operation_outputs + workflow_status rows)", "checkpoints_per_refund", 0),
+        row("DBOS overhead / LangGraph overhead (target <= 1)", "dbos_overhead_vs_langgraph", 2, "x"),
+        row("DBOS overhead / floor (target <= 4)", "dbos_overhead_vs_floor", 1, "x"),
+    ]
+    lines += [
+        "| target met? | "
+        + " | ".join(
+            f"vs LangGraph {_met(_le(sm[b]['dbos_overhead_vs_langgraph'], 1))}, "
+            f"vs floor {_met(_le(sm[b]['dbos_overhead_vs_floor'], 4))}"
+            for b in ("postgres", "sqlite")
+        )
+        + " |",
+        "",
+    ]
+    extra = cost["extra"]
+    lines.append(
+        "Rows written per refund: "
+        + "; ".join(
+            f"{b}: DBOS {fmt(extra[b].get('dbos_checkpoints_per_refund'), 0)} checkpoints "
+            f"({fmt(extra[b].get('dbos_approval_checkpoints_per_refund'), 0)} on the approval path), LangGraph "
+            f"{fmt(extra[b].get('langgraph_rows_per_refund', {}).get('checkpoints'), 0)} checkpoints + "
+            f"{fmt(extra[b].get('langgraph_rows_per_refund', {}).get('writes'), 0)} pending writes "
+            f"({fmt(extra[b].get('langgraph_approval_rows_per_refund', {}).get('checkpoints'), 0)} + "
+            f"{fmt(extra[b].get('langgraph_approval_rows_per_refund', {}).get('writes'), 0)} on the approval path)"
+            for b in ("postgres", "sqlite")
+            if b in extra
+        )
+        + "."
+    )
+    idle = extra.get("postgres", {}).get("commits", {}).get("idle_commits_per_s")
+    if idle is not None:
+        lines.append(
+            f"Postgres commits come from a separate pass ({fmt(idle, 1)} commits/s of idle background work "
+            "in the run's databases subtracted)."
+        )
+    return lines
+
+
+def _le(value: float | None, bound: float) -> bool | None:
+    return None if value is None else value <= bound
+
+
+def throughput_table(tp: dict[str, Any]) -> list[str]:
+    summary = tp["summary"]
+    levels = list(next(iter(next(iter(summary.values())).values())).keys())
+    lines = [
+        "| backend | flow | " + " | ".join(f"C={c}" for c in levels) + " |",
+        "|---|---|" + "---:|" * len(levels),
+    ]
+    for backend, by_variant in summary.items():
+        for v, by_level in by_variant.items():
+            cells = [
+                f"{fmt(x['refunds_per_s'])} /s "
+                f"(p50 {fmt(x['latency_p50_ms'], 0)} ms, p99 {fmt(x['latency_p99_ms'], 0)} ms)"
+                + (f", {x['errors']} errors" if x["errors"] else "")
+                for x in by_level.values()
+            ]
+            lines.append(f"| {backend} | {LABELS.get(v, v)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def parked_table(parked: dict[str, Any]) -> list[str]:
+    lines = [
+        "| parked refunds | time to park all | RSS before -> after | RSS per parked | SIGKILL -> all parked again "
+        "(process ready after) | approvals | approve -> completed p50 / p99 / max |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in parked["runs"]:
+        if "error" in r:
+            lines.append(f"| {r['parked']:,} | failed: {r['error']} | | | | | |")
+            continue
+        lines.append(
+            f"| {r['parked']:,} | {fmt(r['park_s'])} s "
+            f"| {fmt(r['rss_before_mb'], 0)} -> {fmt(r['rss_after_mb'], 0)} MB "
+            f"| {fmt(r['rss_per_parked_kb'])} KB "
+            f"| {fmt(r['kill_to_all_parked_s'])} s ({fmt(r['restart_to_ready_s'])} s) "
+            f"| {r['completed']}/{r['approved']} at {fmt(r['approval_rate_per_s'], 0)}/s "
+            f"| {fmt(r['approve_to_completed_p50_ms'], 0)} / {fmt(r['approve_to_completed_p99_ms'], 0)} / "
+            f"{fmt(r['approve_to_completed_max_ms'], 0)} ms |"
+        )
+    q = parked.get("queue")
+    if q:
+        lines += [
+            "",
+            f"Queue check (product path: `submit_refund` -> queue `refunds` -> `refund-agent worker`, worker "
+            f"concurrency {q['worker_concurrency']}): of {q['submitted_needing_approval']} refunds needing approval, "
+            f"{q['parked_within_30s']} parked; an auto-approved refund submitted after them was in phase "
+            f"`{q['auto_refund_phase_after_wait']}` after {q['waited_s']} s.",
+        ]
+    return lines
+
+
+def tuning_table(tuning: dict[str, Any]) -> list[str]:
+    lines = [
+        "| knob | backend | workload | product setting | alternative | product | alternative "
+        "| alt / product | correct |",
+        "|---|---|---|---|---|---:|---:|---:|---|",
+    ]
+    for k in tuning["knobs"]:
+        unit = k["unit"]
+        problems = [f for fs in k["failures"].values() for f in fs]
+        correct = "yes" if k["correct"] else "**no**: " + (k["error"] or "; ".join(problems))
+        lines.append(
+            f"| {k['knob']} | {k['backend']} | {k['workload']} | {k['product']} | {k['alternative']} "
+            f"| {fmt(k['product_value'])} {unit} | {fmt(k['alternative_value'])} {unit} "
+            f"| {fmt(k['alternative_vs_product'], 2)} | {correct} |"
+        )
+    return lines
+
+
+def profile_table(profile: dict[str, Any]) -> list[str]:
+    backends = list(profile)
+    lines = [
+        "| where (cumulative, per refund) | function | " + " | ".join(backends) + " |",
+        "|---|---|" + "---:|" * len(backends),
+    ]
+    for i, row in enumerate(profile[backends[0]]["rows"]):
+        cells = [
+            f"{fmt(profile[b]['rows'][i]['ms_per_refund'])} ms, "
+            f"{fmt(profile[b]['rows'][i]['calls_per_refund'], 1)} calls"
+            for b in backends
+        ]
+        lines.append(f"| {row['what']} | `{row['function']}` | " + " | ".join(cells) + " |")
+    lines.append(
+        "| wall per refund, profiled (unprofiled) | | "
+        + " | ".join(
+            f"{fmt(profile[b]['wall_ms_profiled'])} ms ({fmt(profile[b]['wall_ms_unprofiled'])} ms)" for b in backends
+        )
+        + " |"
+    )
+    steps = profile[backends[0]].get("steps")
+    if steps:
+        lines += [
+            "",
+            f"The {len(steps)} checkpointed operations of one auto-approved refund: "
+            + ", ".join(f"`{s}`" for s in steps)
+            + ".",
+        ]
+    return lines
+
+
+def plots(results: dict[str, Any], out_dir: Path, stamp: str) -> list[str]:
+    """PNG files written next to the JSON; returns their names."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names: list[str] = []
+    cost = results.get("cost")
+    if cost:
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+        for ax, (backend, s) in zip(axes, cost["summary"].items(), strict=False):
+            variants = [v for v in s["rows"] if not v.endswith("approval")]
+            walls = [s["rows"][v]["wall_ms"] or 0 for v in variants]
+            cpus = [s["rows"][v]["cpu_ms"] or 0 for v in variants]
+            xs = range(len(variants))
+            ax.bar([x - 0.2 for x in xs], walls, width=0.4, label="wall ms")
+            ax.bar([x + 0.2 for x in xs], cpus, width=0.4, label="client CPU ms")
+            ax.set_xticks(list(xs), [v.replace("_", "\n") for v in variants], fontsize=8)
+            ax.set_title(f"per refund, {backend}")
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        name = f"suite-cost-{stamp}.png"
+        fig.savefig(out_dir / name, dpi=90)
+        plt.close(fig)
+        names.append(name)
+    tp = results.get("throughput")
+    if tp:
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        for backend, by_variant in tp["summary"].items():
+            for v, by_level in by_variant.items():
+                levels = [int(c) for c in by_level]
+                ax.plot(levels, [x["refunds_per_s"] for x in by_level.values()], marker="o", label=f"{v} / {backend}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent refunds (one process)")
+        ax.set_ylabel("refunds/s")
+        ax.legend(fontsize=8)
+        ax.set_title("throughput")
+        fig.tight_layout()
+        name = f"suite-throughput-{stamp}.png"
+        fig.savefig(out_dir / name, dpi=90)
+        plt.close(fig)
+        names.append(name)
+    return names
+
+
+def markdown(results: dict[str, Any], json_name: str, png_names: list[str]) -> str:
+    meta = results["meta"]
+    env = meta["environment"]
+    lines = [
+        f"Run {meta['started']} to {meta['finished']} UTC, commit `{env['commit']}`, {env['cpus']} CPUs, "
+        f"load average {env['load_average']} at the end; command `{meta['command']}`; raw numbers in "
+        f"`results/{json_name}`.",
+        "",
+    ]
+    if "cost" in results:
+        lines += ["#### 1. Durability cost per refund", "", *cost_tables(results["cost"]), ""]
+        lines += [f"![cost per refund](results/{n})" for n in png_names if "cost" in n] + [""]
+    if "throughput" in results:
+        lines += ["#### 2. Throughput", "", *throughput_table(results["throughput"]), ""]
+        lines += [f"![throughput](results/{n})" for n in png_names if "throughput" in n] + [""]
+    if "parked" in results:
+        lines += ["#### 3. Parked approvals (Postgres, one worker)", "", *parked_table(results["parked"]), ""]
+    if "tuning" in results:
+        lines += ["#### 4. Tuning", "", *tuning_table(results["tuning"]), ""]
+    if "profile" in results:
+        lines += ["#### Profile of a DBOS refund (cProfile)", "", *profile_table(results["profile"]), ""]
+    return "\n".join(lines)
+
+
+def update_readme(block: str, readme: Path = README) -> None:
+    text = readme.read_text()
+    new = f"{BEGIN}\n{block}\n{END}"
+    if BEGIN in text and END in text:
+        text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _m: new, text, flags=re.S)
+    else:
+        text = text.rstrip("\n") + "\n\n" + new + "\n"
+    readme.write_text(text)

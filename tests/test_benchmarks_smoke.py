@@ -1,0 +1,46 @@
+"""The benchmark harness runs end to end with tiny counts and writes well-formed results (no timings asserted)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PG_SERVER
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("langgraph") is None or PG_SERVER.lower() in ("", "off"),
+    reason="needs the bench extra (pip install -e '.[bench]') and the Postgres server",
+)
+
+
+def test_benchmark_suite_writes_results(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[1]
+    args = ["--sections", "cost", "--rounds", "1", "--refunds", "1", "--count-refunds", "0"]
+    args += ["--no-readme", "--results-dir", str(tmp_path), "--postgres-url", PG_SERVER]
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", *args],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    [result_file] = tmp_path.glob("suite-*.json")
+    results = json.loads(result_file.read_text())
+    summary = results["cost"]["summary"]
+    for backend in ("postgres", "sqlite"):
+        rows = summary[backend]["rows"]
+        assert set(rows) >= {"dbos", "plain", "floor", "langgraph", "langgraph_plain", "dbos_approval"}
+        assert all(row["failed"] == 0 for row in rows.values()), rows
+        assert all(row["wall_ms"] > 0 for row in rows.values())
+        assert summary[backend]["checkpoints_per_refund"] > 0
+    assert list(tmp_path.glob("suite-cost-*.png"))
+    assert "Durability cost per refund" in done.stdout
