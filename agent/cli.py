@@ -62,6 +62,7 @@ def cmd_worker(_: argparse.Namespace) -> int:
         metrics.serve_worker_metrics(settings)
     print(f"worker {rt.settings.refund_agent_executor_id} running refunds ({rt.model_label}); Ctrl-C stops it")
     stop.wait()
+    runtime.stop_taking_work()
     logging.getLogger(__name__).info(
         "stopping: no new refunds; in-flight ones get %ss to finish", settings.shutdown_timeout_seconds
     )

@@ -206,6 +206,22 @@ def _lease_lost() -> None:
     os._exit(EXIT_LEASE_LOST)
 
 
+def stop_taking_work(timeout: float = 15.0) -> None:
+    """Stop dequeuing refunds; workflows already running continue.
+
+    DBOS.destroy does this first too, but gives no signal when it is done; here the queue threads are
+    joined, so once this returns nothing enqueued later is taken by this process.
+    """
+    from dbos._dbos import _get_dbos_instance
+
+    dbos = _get_dbos_instance()
+    for event in dbos.background_thread_stop_events:
+        event.set()
+    for thread in dbos._background_threads:
+        if "(queue_thread)" in thread.name:  # Python names a thread after its target
+            thread.join(timeout)
+
+
 def stop(workflow_completion_timeout_sec: int = 0) -> None:
     """Stop taking work, give in-flight workflows the timeout to finish, then release the executor lease.
 
