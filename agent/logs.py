@@ -10,7 +10,12 @@ from typing import Any
 from agent.settings import Settings
 
 # Attributes every LogRecord has; anything else on a record was passed through ``extra=`` and is kept.
-_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message",
+    "asctime",
+    "taskName",
+    "color_message",
+}
 
 
 def current_refund_id() -> str | None:

@@ -6,6 +6,7 @@ import asyncio
 import hmac
 import logging
 import re
+import signal
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -127,6 +128,9 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Fast
 
 def serve(settings: Settings | None = None, *, worker: bool = True) -> None:
     settings = settings or get_settings()
+    # uvicorn re-raises the SIGTERM it handled once it has shut down, so the process would die of the
+    # signal after a clean drain; a no-op handler for it to restore makes a graceful stop exit 0.
+    signal.signal(signal.SIGTERM, lambda *_: None)
     uvicorn.run(
         create_app(settings, worker=worker),
         host=settings.refund_agent_host,

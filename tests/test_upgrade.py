@@ -111,6 +111,7 @@ def park_on_a_then_start_b(cluster: Cluster, root: Path) -> list[str]:
         stdout=log,
         stderr=subprocess.STDOUT,
     )
+    log.close()  # the child holds its own copy of the descriptor
     cluster.procs["release-b"] = release_b
     cluster.wait_running("release-b", release_b)
     # Release B's sweep hands the stopped executor's refunds to the queue, and B takes them.
