@@ -130,6 +130,12 @@ def start(settings: Settings | None = None, *, worker: bool = True, migrate: boo
     )
     if migrate:
         migrate_databases(settings)
+    if settings.otlp_traces_endpoint:
+        # Agent runs, model requests and tool calls as spans, under DBOS's workflow and step spans (DBOS
+        # installs the tracer provider from the same endpoint). Content stays out: messages are customers'.
+        from pydantic_ai import InstrumentationSettings
+
+        Agent.instrument_all(InstrumentationSettings(include_content=False, include_binary_content=False))
     model, label = select_model(settings)
     agent = _agents.get(label) or _agents.setdefault(label, build_agent(model))
     importlib.import_module("agent.workflow")  # registers the workflow before launch, for recovery
