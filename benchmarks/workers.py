@@ -19,6 +19,7 @@ import json
 import os
 import platform
 import secrets
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -174,7 +175,7 @@ def markdown(runs: list[dict[str, Any]]) -> str:
     by_workers: dict[int, list[float]] = {}
     for run in runs:
         by_workers.setdefault(run["workers"], []).append(run["refunds_per_s"])
-    medians = {k: sorted(v)[len(v) // 2] for k, v in by_workers.items()}
+    medians = {k: round(statistics.median(v), 2) for k, v in by_workers.items()}
     if 1 in medians and len(medians) > 1:
         rows.append("")
         for k, v in sorted(medians.items()):

@@ -86,6 +86,7 @@ def test_second_process_with_a_live_executor_id_is_refused(env: Env, cluster: Cl
     assert cluster.statuses(["one-owner-1"])["one-owner-1"].executor_id == "shared-id"
 
 
+@pytest.mark.parametrize("env", ["sqlite"], indirect=True)
 def test_unpinned_processes_take_hostname_index_ids_in_turn(env: Env, cluster: Cluster) -> None:
     a = cluster.start("unpinned-a", ["worker"], REFUND_AGENT_EXECUTOR_ID="")
     cluster.wait_running("unpinned-a", a)
@@ -225,6 +226,7 @@ def test_sigterm_finishes_the_step_in_flight_and_takes_no_new_work(env: Env, clu
     assert_paid_once_each(env, cluster, {"in-flight-1": "ord_1001", "after-term-1": "ord_1001"})
 
 
+@pytest.mark.parametrize("env", ["sqlite"], indirect=True)
 def test_worker_counts_payment_retries_on_its_metrics_port(env: Env, cluster: Cluster) -> None:
     from agent.processes import free_port
 
@@ -240,6 +242,7 @@ def test_worker_counts_payment_retries_on_its_metrics_port(env: Env, cluster: Cl
     assert metric(scraped, "refund_agent_payment_retries_total") == 2
 
 
+@pytest.mark.parametrize("env", ["sqlite"], indirect=True)
 def test_metrics_endpoint_wants_the_token_when_one_is_set(env: Env, cluster: Cluster) -> None:
     cluster.api(METRICS_TOKEN="scrape-secret")
     assert cluster.api_url is not None
@@ -248,3 +251,22 @@ def test_metrics_endpoint_wants_the_token_when_one_is_set(env: Env, cluster: Clu
     ok = httpx.get(f"{cluster.api_url}/metrics", headers={"Authorization": "Bearer scrape-secret"})
     assert ok.status_code == 200
     assert metric(ok.text, "refund_agent_parked_approvals") == 0
+
+
+@postgres_only
+@pytest.mark.parametrize("env", ["postgres"], indirect=True)
+def test_queue_rate_limit_holds_refunds_beyond_the_limit_on_the_queue(env: Env, cluster: Cluster) -> None:
+    cluster.worker("limited", QUEUE_RATE_LIMIT_PER_MINUTE="2")
+    ids = [f"limited-{i}" for i in range(4)]
+    request = RefundRequest(order_id="ord_1001", message="Please refund 1.00", amount=Decimal("1.00"))
+    for refund_id in ids:
+        submit_refund(cluster.client, idempotency_key=refund_id, request=request, app_version="0.1.0")
+
+    def two_done() -> dict[str, str] | None:
+        found = {r: w.status for r, w in cluster.statuses(ids).items()}
+        return found if sorted(found.values()).count("SUCCESS") == 2 else None
+
+    statuses = wait_for(two_done, timeout=90, what="two refunds to complete")
+    # The window is a minute long: the other two wait on the queue, not started, until it rolls over.
+    assert sorted(statuses.values()) == ["ENQUEUED", "ENQUEUED", "SUCCESS", "SUCCESS"]
+    assert all(w.dequeued_at is None for w in cluster.statuses(ids).values() if w.status == "ENQUEUED")
