@@ -192,8 +192,7 @@ def start(settings: Settings | None = None, *, worker: bool = True, migrate: boo
         worker_concurrency=settings.queue_worker_concurrency,
         limiter=queue_limiter(settings),
         polling_interval_sec=settings.queue_polling_interval_seconds,
-        on_conflict="always_update",  # the rate limit is global: the last process started sets it
-    )
+    )  # stored in the system database: the last process of the latest version started sets it for all
     beat.start()
     log.info(
         "refund runtime started: executor=%s version=%s model=%s worker=%s",
