@@ -137,3 +137,25 @@ def test_image_command_serves_health_and_refunds_then_stops_cleanly_on_sigterm(e
     assert any(line.get("refund_id") == "image-refund-1" for line in lines), output
     assert not any(TOKEN in line for line in output.splitlines())
     assert os.path.exists(venv / "bin" / "refund-agent")
+
+
+def test_compose_runs_an_api_and_two_workers_with_their_own_executor_ids() -> None:
+    import yaml
+
+    from agent.cli import parser
+
+    services = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]
+    commands = {name: svc["command"] for name, svc in services.items() if "command" in svc}
+    for name, command in commands.items():
+        assert command[0] == "refund-agent", name
+        parser().parse_args(command[1:])  # every command is one the CLI accepts
+    assert commands["api"] == ["refund-agent", "serve", "--no-worker"]
+    workers = [name for name, command in commands.items() if command[1:] == ["worker"]]
+    assert len(workers) == 2
+    ids = [services[name]["environment"]["REFUND_AGENT_EXECUTOR_ID"] for name in [*workers, "api"]]
+    assert len(set(ids)) == 3
+    for name in [*workers, "api"]:
+        env = services[name]["environment"]
+        assert env["DBOS_SYSTEM_DATABASE_URL"].startswith("postgresql://")
+        assert env["DATABASE_URL"].startswith("postgresql://")
+        assert services[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"

@@ -270,3 +270,18 @@ def test_queue_rate_limit_holds_refunds_beyond_the_limit_on_the_queue(env: Env, 
     # The window is a minute long: the other two wait on the queue, not started, until it rolls over.
     assert sorted(statuses.values()) == ["ENQUEUED", "ENQUEUED", "SUCCESS", "SUCCESS"]
     assert all(w.dequeued_at is None for w in cluster.statuses(ids).values() if w.status == "ENQUEUED")
+
+
+def test_two_processes_starting_at_once_with_one_id_one_runs_and_one_is_refused(env: Env, cluster: Cluster) -> None:
+    first = cluster.start("twin-1", ["worker"], REFUND_AGENT_EXECUTOR_ID="twin")
+    second = cluster.start("twin-2", ["worker"], REFUND_AGENT_EXECUTOR_ID="twin")
+
+    def one_exited() -> list[int | None] | None:
+        codes = [first.poll(), second.poll()]
+        return codes if codes.count(None) == 1 else None
+
+    codes = wait_for(one_exited, timeout=90, what="one of the twins to exit")
+    assert sorted(codes, key=lambda c: c is None) == [3, None]
+    survivor = first if first.poll() is None else second
+    cluster.wait_running("twin-1" if survivor is first else "twin-2", survivor)
+    assert cluster.leases()["twin"].pid == survivor.pid
