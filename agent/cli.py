@@ -43,16 +43,30 @@ def cmd_seed(args: argparse.Namespace) -> int:
     return 0
 
 
+EXIT_EXECUTOR_ID_IN_USE = 3
+
+
 def cmd_worker(_: argparse.Namespace) -> int:
-    from agent import runtime
+    from agent import heartbeat, metrics, runtime
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    rt = runtime.start()
+    settings = get_settings()
+    try:
+        rt = runtime.start(settings)
+    except heartbeat.ExecutorIdInUse as error:
+        print(f"refused: {error}", file=sys.stderr)
+        return EXIT_EXECUTOR_ID_IN_USE
+    if settings.refund_agent_metrics_port is not None:
+        metrics.serve_worker_metrics(settings)
     print(f"worker {rt.settings.refund_agent_executor_id} running refunds ({rt.model_label}); Ctrl-C stops it")
     stop.wait()
-    runtime.stop(workflow_completion_timeout_sec=10)
+    runtime.stop_taking_work()
+    logging.getLogger(__name__).info(
+        "stopping: no new refunds; in-flight ones get %ss to finish", settings.shutdown_timeout_seconds
+    )
+    runtime.stop(workflow_completion_timeout_sec=settings.shutdown_timeout_seconds)
     return 0
 
 
@@ -61,8 +75,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     overrides = {k: v for k, v in {"refund_agent_host": args.host, "refund_agent_port": args.port}.items() if v}
     settings = get_settings().model_copy(update=overrides)
-    print(f"refund-agent API on http://{settings.refund_agent_host}:{settings.refund_agent_port} (docs at /docs)")
-    serve(settings)
+    role = "API only (workers run refunds)" if args.no_worker else "API + worker"
+    print(f"refund-agent {role} on http://{settings.refund_agent_host}:{settings.refund_agent_port} (docs at /docs)")
+    serve(settings, worker=not args.no_worker)
     return 0
 
 
@@ -220,6 +235,7 @@ def parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="HTTP API + worker (+ the payments sandbox when no provider is set)")
     serve.add_argument("--host", default=None)
     serve.add_argument("--port", type=int, default=None)
+    serve.add_argument("--no-worker", action="store_true", help="HTTP API only; `refund-agent worker` runs refunds")
     serve.set_defaults(func=cmd_serve)
     sb = sub.add_parser("sandbox-payments", help="run the local Stripe-compatible payments sandbox")
     sb.add_argument("--port", type=int, default=None)
@@ -256,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
         return eval_main(argv[1:])
     args = parser().parse_args(argv)
     _setup_logging("WARNING" if args.command in ("demo", "status", "approve", "reject", "submit", "chaos") else "INFO")
+    from agent.logs import configure_logging
+
+    configure_logging(get_settings())
     code: int = args.func(args)
     return code
 

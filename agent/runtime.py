@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import importlib
 import logging
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dbos import DBOS, DBOSClient, DBOSConfig
+from dbos._queue import QueueRateLimit
 from pydantic_ai import Agent
 from pydantic_ai.models import Model
 
+from agent import heartbeat
 from agent.settings import Settings, get_settings
 from steps import faults, notify, payments
 from steps.store import close_app_database, create_engine, normalize_url, open_app_database
@@ -32,6 +35,8 @@ class Runtime:
     model_label: str
     limits: Limits
     approvals: ApprovalSettings
+    lease: heartbeat.Lease | None = None
+    heartbeat: heartbeat.Heartbeat | None = field(default=None, repr=False)
 
 
 _runtime: Runtime | None = None
@@ -64,6 +69,9 @@ def select_model(settings: Settings) -> tuple[Model | str, str]:
     return offline_model(), OFFLINE_MODEL_NAME
 
 
+EXIT_LEASE_LOST = 75  # EX_TEMPFAIL: another process owns our executor id now; the supervisor restarts us
+
+
 def dbos_config(settings: Settings) -> DBOSConfig:
     url = normalize_url(settings.system_database_url)
     config: DBOSConfig = {
@@ -79,7 +87,19 @@ def dbos_config(settings: Settings) -> DBOSConfig:
         config["system_database_engine"] = create_engine(url)
     else:
         config["db_engine_kwargs"] = {"pool_pre_ping": False}
+    if settings.otlp_traces_endpoint or settings.otlp_logs_endpoint:
+        config["enable_otlp"] = True
+        config["otlp_traces_endpoints"] = [settings.otlp_traces_endpoint] if settings.otlp_traces_endpoint else []
+        config["otlp_logs_endpoints"] = [settings.otlp_logs_endpoint] if settings.otlp_logs_endpoint else []
+        config["otlp_attributes"] = {"refund_agent.executor_id": settings.refund_agent_executor_id}
     return config
+
+
+def queue_limiter(settings: Settings) -> QueueRateLimit | None:
+    """The refunds queue's rate limit: refunds started per minute across every worker, or none."""
+    if settings.queue_rate_limit_per_minute is None:
+        return None
+    return QueueRateLimit(limit=settings.queue_rate_limit_per_minute, period=60.0)
 
 
 def migrate_databases(settings: Settings) -> None:
@@ -110,10 +130,30 @@ def start(settings: Settings | None = None, *, worker: bool = True, migrate: boo
     )
     if migrate:
         migrate_databases(settings)
+    if settings.otlp_traces_endpoint:
+        # Agent runs, model requests and tool calls as spans, under DBOS's workflow and step spans (DBOS
+        # installs the tracer provider from the same endpoint). Content stays out: messages are customers'.
+        from pydantic_ai import InstrumentationSettings
+
+        Agent.instrument_all(InstrumentationSettings(include_content=False, include_binary_content=False))
     model, label = select_model(settings)
     agent = _agents.get(label) or _agents.setdefault(label, build_agent(model))
     importlib.import_module("agent.workflow")  # registers the workflow before launch, for recovery
-    DBOS(config=dbos_config(settings))
+    lease_engine = heartbeat.lease_engine(settings.app_database_url)
+    lease = heartbeat.claim(
+        lease_engine,
+        executor_id=settings.refund_agent_executor_id if settings.executor_id_pinned else None,
+        app_version=settings.refund_agent_app_version,
+        role="worker" if worker else "api",
+        stale_after=settings.executor_stale_after_seconds,
+    )
+    settings = settings.model_copy(update={"refund_agent_executor_id": lease.executor_id})
+    try:
+        DBOS(config=dbos_config(settings))
+    except BaseException:
+        heartbeat.release(lease_engine, lease)
+        lease_engine.dispose()
+        raise
     open_app_database(settings.app_database_url, durable=True)
     limits = policy.Limits(
         auto_approve=settings.auto_approve_limit,
@@ -128,15 +168,32 @@ def start(settings: Settings | None = None, *, worker: bool = True, migrate: boo
         signing_secret=settings.signing_secret(),
         public_url=settings.public_url,
     )
-    _runtime = Runtime(settings=settings, agent=agent, model_label=label, limits=limits, approvals=approval_settings)
+    beat = heartbeat.Heartbeat(
+        lease_engine,
+        lease,
+        interval=settings.executor_heartbeat_seconds,
+        stale_after=settings.executor_stale_after_seconds,
+        on_lost=_lease_lost,
+    )
+    _runtime = Runtime(
+        settings=settings,
+        agent=agent,
+        model_label=label,
+        limits=limits,
+        approvals=approval_settings,
+        lease=lease,
+        heartbeat=beat,
+    )
     if not worker:
         DBOS.listen_queues([])
     DBOS.launch()
     DBOS.register_queue(
         REFUND_QUEUE,
         worker_concurrency=settings.queue_worker_concurrency,
+        limiter=queue_limiter(settings),
         polling_interval_sec=settings.queue_polling_interval_seconds,
-    )
+    )  # stored in the system database: the last process of the latest version started sets it for all
+    beat.start()
     log.info(
         "refund runtime started: executor=%s version=%s model=%s worker=%s",
         settings.refund_agent_executor_id,
@@ -147,9 +204,42 @@ def start(settings: Settings | None = None, *, worker: bool = True, migrate: boo
     return _runtime
 
 
+def _lease_lost() -> None:
+    """Fence: another process took our executor id (we were presumed dead), so stop running its steps now."""
+    log.critical("exiting: this process no longer owns its executor id; pending work continues elsewhere")
+    logging.shutdown()
+    os._exit(EXIT_LEASE_LOST)
+
+
+def stop_taking_work(timeout: float = 15.0) -> None:
+    """Stop dequeuing refunds; workflows already running continue.
+
+    DBOS.destroy does this first too, but gives no signal when it is done; here the queue threads are
+    joined, so once this returns nothing enqueued later is taken by this process.
+    """
+    from dbos._dbos import _get_dbos_instance
+
+    dbos = _get_dbos_instance()
+    for event in dbos.background_thread_stop_events:
+        event.set()
+    for thread in dbos._background_threads:
+        if "(queue_thread)" in thread.name:  # Python names a thread after its target
+            thread.join(timeout)
+
+
 def stop(workflow_completion_timeout_sec: int = 0) -> None:
+    """Stop taking work, give in-flight workflows the timeout to finish, then release the executor lease.
+
+    The lease keeps being renewed while DBOS drains, so no survivor takes over work that is finishing here;
+    once released, what is left PENDING is recovered by a restart with this id or by a survivor's sweep.
+    """
     global _runtime
+    rt = _runtime
     DBOS.destroy(workflow_completion_timeout_sec=workflow_completion_timeout_sec)
+    if rt is not None and rt.heartbeat is not None and rt.lease is not None:
+        rt.heartbeat.stop()
+        heartbeat.release(rt.heartbeat.engine, rt.lease)
+        rt.heartbeat.engine.dispose()
     close_app_database()
     _runtime = None
 

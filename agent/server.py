@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import re
+import signal
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -13,9 +15,10 @@ from typing import Any
 import sqlalchemy as sa
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from agent import __version__, api, api_approvals, problems, runtime
+from agent import __version__, api, api_approvals, metrics, problems, runtime
 from agent.processes import child_env, http_ok, spawn, stop, wait_for
 from agent.settings import Settings, get_settings
 from steps.seed import seed
@@ -69,11 +72,12 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Fast
             log.warning("API token generated: read it from %s", settings.api_token_file())
         client = runtime.client(settings)
         app.state.services = api.Services(settings, client, rt.limits, token, settings.signing_secret())
+        app.state.metrics = metrics.api_registry(app_db().engine, client, runtime.REFUND_QUEUE)
         try:
             yield
         finally:
             client.destroy()
-            await asyncio.to_thread(runtime.stop, 10)
+            await asyncio.to_thread(runtime.stop, settings.shutdown_timeout_seconds)
             if sandbox is not None:
                 stop(sandbox)
 
@@ -91,6 +95,17 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Fast
     def healthz() -> dict[str, bool]:
         """The process is alive."""
         return {"ok": True}
+
+    @app.get("/metrics", include_in_schema=False, response_model=None)
+    def metrics_endpoint(request: Request) -> Response:
+        """Prometheus metrics (read-only counts; no ids, no amounts). Bearer METRICS_TOKEN when it is set."""
+        expected = settings.metrics_token
+        if expected is not None:
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {expected.get_secret_value()}".encode()):
+                return problems.problem(401, "metrics need the metrics token")
+        body = generate_latest(request.app.state.metrics)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/readyz", tags=["health"], response_model=None)
     def readyz(request: Request) -> dict[str, Any] | JSONResponse:
@@ -111,8 +126,16 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Fast
     return app
 
 
-def serve(settings: Settings | None = None) -> None:
+def serve(settings: Settings | None = None, *, worker: bool = True) -> None:
     settings = settings or get_settings()
+    # uvicorn re-raises the SIGTERM it handled once it has shut down, so the process would die of the
+    # signal after a clean drain; a no-op handler for it to restore makes a graceful stop exit 0.
+    signal.signal(signal.SIGTERM, lambda *_: None)
     uvicorn.run(
-        create_app(settings), host=settings.refund_agent_host, port=settings.refund_agent_port, log_level="info"
+        create_app(settings, worker=worker),
+        host=settings.refund_agent_host,
+        port=settings.refund_agent_port,
+        log_level="info",
+        # JSON logs: uvicorn's loggers propagate to the root handler configured by agent.logs.
+        log_config=None if settings.refund_agent_log_format == "json" else uvicorn.config.LOGGING_CONFIG,
     )

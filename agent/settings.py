@@ -8,6 +8,7 @@ import socket
 from decimal import Decimal
 from functools import cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -34,6 +35,7 @@ class Settings(BaseSettings):
     refund_agent_model_api_key: SecretStr | None = None
 
     refund_agent_executor_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-0")
+    """Unset: the first ``<hostname>-<index>`` whose lease is free (see ``executor_id_pinned``)."""
     refund_agent_app_version: str = __version__
 
     auto_approve_limit: Decimal = Decimal("100.00")
@@ -74,12 +76,37 @@ class Settings(BaseSettings):
     refund_agent_crash_at: str | None = None
     """Fault injection for tests and the demo: SIGKILL this process at the named point."""
 
+    # Scale-out and deployment: queue limits, executor leases, shutdown, telemetry.
+    queue_rate_limit_per_minute: int | None = None
+    """Refunds started per minute across all workers (DBOS queue limiter); each makes about 4 model requests."""
+    executor_heartbeat_seconds: float = 5.0
+    """How often a process renews its executor lease and looks for dead executors."""
+    executor_stale_after_seconds: float = 30.0
+    """A lease not renewed for this long is dead: survivors re-enqueue its pending refunds."""
+    shutdown_timeout_seconds: int = 20
+    """On SIGTERM, how long in-flight refunds get to finish; the rest is recovered on the next start."""
+    refund_agent_log_format: Literal["text", "json"] = "text"
+    """``json``: one JSON object per log line, with the refund id where known."""
+    refund_agent_metrics_port: int | None = None
+    """``refund-agent worker`` serves Prometheus metrics on this port when set (``serve`` has ``/metrics``)."""
+    metrics_token: SecretStr | None = None
+    """When set, ``/metrics`` wants ``Authorization: Bearer <token>``; unset, it is open (read-only, no ids)."""
+    otlp_traces_endpoint: str | None = None
+    """OTLP/HTTP traces endpoint (e.g. ``http://otel-collector:4318/v1/traces``): DBOS and agent spans. Unset: off."""
+    otlp_logs_endpoint: str | None = None
+    """OTLP/HTTP logs endpoint. Unset: off."""
+
     @field_validator("auto_approve_limit", "absolute_refund_cap")
     @classmethod
     def _positive(cls, value: Decimal) -> Decimal:
         if value <= 0:
             raise ValueError("must be positive")
         return value
+
+    @property
+    def executor_id_pinned(self) -> bool:
+        """True when REFUND_AGENT_EXECUTOR_ID was given, so no other index is tried."""
+        return "refund_agent_executor_id" in self.model_fields_set
 
     @property
     def system_database_url(self) -> str:

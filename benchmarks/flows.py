@@ -115,7 +115,7 @@ async def plain_refund(refund_id: str, request: RefundRequest, rt: Runtime) -> d
     )
     if verdict.kind != "auto_approve":
         raise RuntimeError(f"benchmark refund {refund_id} was not auto-approved: {verdict.kind}")
-    plan = prepare_payment_step(refund_id, request.order_id)
+    plan = prepare_payment_step(refund_id, request.order_id, amount=verdict.amount, currency=verdict.currency)
     assert plan.snapshot is not None
     order = plan.snapshot.order
     recheck = policy.decide(

@@ -230,9 +230,9 @@ def settle_approval_node(state: RefundState) -> RefundState:
 
 def prepare_payment_node(state: RefundState) -> RefundState:
     request = RefundRequest.model_validate(state["request"])
-    plan = prepare_payment_step(state["refund_id"], request.order_id)
-    assert plan.snapshot is not None
     verdict = Verdict.model_validate(state["verdict"])
+    plan = prepare_payment_step(state["refund_id"], request.order_id, amount=verdict.amount, currency=verdict.currency)
+    assert plan.snapshot is not None
     recheck = policy.decide(
         amount=verdict.amount,
         currency=verdict.currency,

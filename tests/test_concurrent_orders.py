@@ -36,7 +36,7 @@ def test_two_workers_never_refund_one_order_beyond_what_was_captured(tmp_path: P
         for key in keys:
             request = RefundRequest(order_id="ord_1001", message="The mouse is broken; refund it.")
             submit_refund(svc.client, idempotency_key=key, request=request, app_version="0.1.0")
-        outcomes = sorted(
+        outcomes: list[str] = sorted(
             svc.client.retrieve_workflow(key).get_result(polling_interval_sec=0.2)["status"] for key in keys
         )
         paid = [int(r["amount"]) for r in svc.sandbox.refunds("ch_ord_1001")]

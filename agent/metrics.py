@@ -1,0 +1,166 @@
+"""Prometheus metrics.
+
+Two kinds, so that adding processes never double-counts:
+
+- **Cluster state, read from the databases at scrape time** (only the API's ``/metrics`` serves these,
+  so scrape one API process for them): refunds by outcome and by in-progress status, parked approvals,
+  the time approvals waited, and the depth of the ``refunds`` queue in DBOS's system database.
+- **Process counters** (every process; workers serve them on ``REFUND_AGENT_METRICS_PORT``): payment
+  retries, counted from DBOS's retry of the payment step.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from prometheus_client import CollectorRegistry, Counter, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from agent.settings import Settings
+
+log = logging.getLogger(__name__)
+
+TERMINAL = ("completed", "rejected", "failed", "cancelled")
+PARKED = "awaiting_approval"
+#: Approval waits span seconds (a test, a quick approver) to the 72-hour timeout.
+APPROVAL_WAIT_BUCKETS = (10.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 12 * 3600.0, 24 * 3600.0, 72 * 3600.0)
+_RETRY_MESSAGE = "Step being automatically retried"
+
+PROCESS = CollectorRegistry(auto_describe=True)
+PAYMENT_RETRIES = Counter(
+    "refund_agent_payment_retries",
+    "Payment step attempts that failed transiently and were retried (this process).",
+    registry=PROCESS,
+)
+
+
+class PaymentRetryCounter(logging.Handler):
+    """DBOS logs every automatic step retry with the error; the payment step is the one whose errors are Stripe's."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not str(record.msg).startswith(_RETRY_MESSAGE) or not record.exc_info:
+            return
+        error = record.exc_info[1]
+        if error is not None and type(error).__module__.split(".")[0] == "stripe":
+            PAYMENT_RETRIES.inc()
+
+
+def install_process_metrics() -> None:
+    dbos_logger = logging.getLogger("dbos")
+    if not any(isinstance(h, PaymentRetryCounter) for h in dbos_logger.handlers):
+        dbos_logger.addHandler(PaymentRetryCounter(level=logging.WARNING))
+
+
+def _as_datetime(value: Any) -> datetime | None:
+    if value is None or isinstance(value, datetime):
+        return value
+    return datetime.fromisoformat(str(value))
+
+
+class ClusterCollector(Collector):
+    """Reads the cluster's state from the application and DBOS system databases on every scrape."""
+
+    def __init__(self, app_engine: sa.Engine, client: Any, queue: str) -> None:
+        self.app_engine, self.client, self.queue = app_engine, client, queue
+
+    def collect(self) -> Iterator[Metric]:
+        from steps.store import approval_decisions, audit_log, refunds
+
+        with self.app_engine.connect() as conn:
+            by_status: dict[str, int] = dict(
+                conn.execute(sa.select(refunds.c.status, sa.func.count()).group_by(refunds.c.status)).all()
+            )
+            requested = (
+                sa.select(audit_log.c.refund_id, sa.func.min(audit_log.c.created_at).label("at"))
+                .where(audit_log.c.event == "approval_requested")
+                .group_by(audit_log.c.refund_id)
+                .subquery()
+            )
+            waits = conn.execute(
+                sa.select(approval_decisions.c.decision, approval_decisions.c.decided_at, requested.c.at).join(
+                    requested, requested.c.refund_id == approval_decisions.c.refund_id
+                )
+            ).all()
+        outcomes = CounterMetricFamily(
+            "refund_agent_refunds", "Refunds that reached an outcome, by outcome.", labels=["outcome"]
+        )
+        for outcome in TERMINAL:
+            outcomes.add_metric([outcome], by_status.get(outcome, 0))
+        yield outcomes
+        in_progress = GaugeMetricFamily(
+            "refund_agent_refunds_in_progress", "Refunds not finished yet, by status.", labels=["status"]
+        )
+        for status, count in sorted(by_status.items()):
+            if status not in TERMINAL:
+                in_progress.add_metric([status], count)
+        yield in_progress
+        yield GaugeMetricFamily(
+            "refund_agent_parked_approvals",
+            "Refunds parked waiting for a person's decision.",
+            value=by_status.get(PARKED, 0),
+        )
+        yield self._approval_waits(waits)
+        depth = GaugeMetricFamily(
+            "refund_agent_queue_depth", "Workflows on the refunds queue, by DBOS status.", labels=["queue", "status"]
+        )
+        for status in ("ENQUEUED", "PENDING"):
+            found = self.client.list_queued_workflows(
+                queue_name=self.queue, status=status, load_input=False, load_output=False
+            )
+            depth.add_metric([self.queue, status], len(found))
+        yield depth
+
+    @staticmethod
+    def _approval_waits(rows: Sequence[Any]) -> HistogramMetricFamily:
+        counts: dict[str, list[int]] = defaultdict(lambda: [0] * (len(APPROVAL_WAIT_BUCKETS) + 1))
+        sums: dict[str, float] = defaultdict(float)
+        for decision, decided_at, requested_at in rows:
+            decided, asked = _as_datetime(decided_at), _as_datetime(requested_at)
+            if decided is None or asked is None:
+                continue
+            if (decided.tzinfo is None) != (asked.tzinfo is None):
+                decided, asked = decided.replace(tzinfo=None), asked.replace(tzinfo=None)
+            wait = max((decided - asked).total_seconds(), 0.0)
+            sums[decision] += wait
+            index = next((i for i, bound in enumerate(APPROVAL_WAIT_BUCKETS) if wait <= bound), -1)
+            counts[decision][index] += 1
+        family = HistogramMetricFamily(
+            "refund_agent_approval_wait_seconds",
+            "Time from an approval request to the person's decision, by decision.",
+            labels=["decision"],
+        )
+        for decision in sorted(counts):
+            cumulative, buckets = 0, []
+            for bound, count in zip((*APPROVAL_WAIT_BUCKETS, float("inf")), counts[decision], strict=True):
+                cumulative += count
+                buckets.append(("+Inf" if bound == float("inf") else str(bound), cumulative))
+            family.add_metric([decision], buckets, sum_value=sums[decision])
+        return family
+
+
+def api_registry(app_engine: sa.Engine, client: Any, queue: str) -> CollectorRegistry:
+    """What the API's ``/metrics`` serves: cluster state plus this process's counters."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ClusterCollector(app_engine, client, queue))
+    registry.register(_ProcessCollector())
+    install_process_metrics()
+    return registry
+
+
+class _ProcessCollector(Collector):
+    def collect(self) -> Iterator[Metric]:
+        yield from PROCESS.collect()
+
+
+def serve_worker_metrics(settings: Settings) -> None:
+    """A worker's own counters on ``REFUND_AGENT_METRICS_PORT`` (plain HTTP, in a daemon thread)."""
+    assert settings.refund_agent_metrics_port is not None
+    install_process_metrics()
+    start_http_server(settings.refund_agent_metrics_port, addr=settings.refund_agent_host, registry=PROCESS)
+    log.info("worker metrics on http://%s:%d/metrics", settings.refund_agent_host, settings.refund_agent_metrics_port)
