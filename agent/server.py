@@ -15,7 +15,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from agent import __version__, api, api_approvals, problems, runtime
+from agent import __version__, api, api_approvals, console, problems, runtime
 from agent.processes import child_env, http_ok, spawn, stop, wait_for
 from agent.settings import Settings, get_settings
 from steps.seed import seed
@@ -69,6 +69,7 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Fast
             log.warning("API token generated: read it from %s", settings.api_token_file())
         client = runtime.client(settings)
         app.state.services = api.Services(settings, client, rt.limits, token, settings.signing_secret())
+        console.setup(app, settings)
         try:
             yield
         finally:
@@ -86,6 +87,7 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Fast
     problems.install(app)
     app.include_router(api.router)
     app.include_router(api_approvals.router)
+    app.include_router(console.router)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, bool]:
