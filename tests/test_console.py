@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -184,7 +185,7 @@ def test_a_fork_from_the_payment_step_reuses_the_key_and_pays_once(
         forked = form(ada, f"/console/refunds/{refund_id}/fork", step=prepare_step, csrf=token)
         assert forked.status_code == 303 and "fork=" in forked.headers["location"]
         fork_id = forked.headers["location"].split("fork=")[1]
-        outcome = client.retrieve_workflow(fork_id).get_result(polling_interval_sec=0.1)
+        outcome: dict[str, Any] = client.retrieve_workflow(fork_id).get_result(polling_interval_sec=0.1)
         assert outcome["status"] == "completed" and outcome["idempotency_key"] == f"refund:{refund_id}:ord_1002"
         detail = ada.get(f"/console/refunds/{refund_id}")
         assert fork_id in detail.text and "chain intact" in detail.text
