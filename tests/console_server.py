@@ -36,6 +36,7 @@ class ConsoleServer(ThreadedServer):
             refund_agent_api_token="test-api-token",
             approval_signing_secret="test-signing-secret",
             refund_agent_port=port,
+            queue_worker_concurrency=8,  # a refund parked for approval holds a worker slot while it waits
         )
         super().__init__(create_app(self.settings), port=port)
 

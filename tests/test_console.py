@@ -94,7 +94,9 @@ def test_form_posts_without_the_csrf_token_or_the_session_are_refused(
     assert approver == "console:bob"
 
 
-def test_a_decision_is_bound_to_the_amount_shown(env: Env, console: tuple[ConsoleServer, DBOSClient]) -> None:
+def test_a_decision_is_bound_to_the_amount_shown_and_the_first_one_stands(
+    env: Env, console: tuple[ConsoleServer, DBOSClient]
+) -> None:
     server, client = console
     refund_id = submit(client, "console-bound-01", "ord_1002")
     parked(client, refund_id)
@@ -104,7 +106,14 @@ def test_a_decision_is_bound_to_the_amount_shown(env: Env, console: tuple[Consol
             bob, f"/console/refunds/{refund_id}/decision", decision="approve", amount="1.00", currency="USD", csrf=token
         )
         assert stale.status_code == 409 and "awaits 4200.00 USD" in stale.text
-    assert decisions() == 0
+        assert decisions() == 0
+        fields = {"amount": "4200.00", "currency": "USD", "csrf": token}
+        rejected = form(bob, f"/console/refunds/{refund_id}/decision", decision="reject", **fields)
+        assert rejected.status_code == 303
+        late = form(bob, f"/console/refunds/{refund_id}/decision", decision="approve", **fields)
+        assert late.status_code == 409 and "already decided: reject by console:bob" in late.text
+    assert client.retrieve_workflow(refund_id).get_result(polling_interval_sec=0.1)["status"] == "rejected"
+    assert decisions() == 1 and env.sandbox.refunds() == []
 
 
 def test_wrong_passwords_are_refused_and_sign_in_is_rate_limited(
