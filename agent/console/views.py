@@ -26,6 +26,16 @@ _templates = jinja2.Environment(
     autoescape=True,  # customers write the messages shown here
     undefined=jinja2.StrictUndefined,
 )
+
+
+def _when(value: str | None) -> str:
+    """An ISO timestamp as the console shows times: UTC, to the second."""
+    if not value:
+        return "-"
+    return datetime.fromisoformat(value).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+_templates.filters["when"] = _when
 HEADERS = {
     # No script runs on these pages at all; styles are inline.
     "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
