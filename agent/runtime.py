@@ -74,6 +74,8 @@ def dbos_config(settings: Settings) -> DBOSConfig:
         "notification_listener_polling_interval_sec": settings.notification_polling_interval_seconds,
         "log_level": "WARNING",
     }
+    if settings.dbos_conductor_key is not None:  # optional: DBOS Console through Conductor
+        config["conductor_key"] = settings.dbos_conductor_key.get_secret_value()
     if url.startswith("sqlite"):
         # WAL + synchronous=NORMAL: the same durability for committed steps, far fewer fsyncs.
         config["system_database_engine"] = create_engine(url)

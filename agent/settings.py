@@ -65,6 +65,8 @@ class Settings(BaseSettings):
     ``refund-agent hash-password``). Unset: one ``admin`` whose password is generated into the data directory."""
     refund_agent_session_secret: SecretStr | None = None
     """Signs console session cookies. Unset: generated on first start and kept in the data directory."""
+    dbos_conductor_key: SecretStr | None = None
+    """Optional: connect to DBOS Conductor (DBOS Console); needs the ``conductor`` extra (dbos[enterprise])."""
 
     @field_validator("refund_agent_operators")
     @classmethod

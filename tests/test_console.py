@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
+import logging
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import sqlalchemy as sa
 from dbos import DBOSClient
+from pydantic import ValidationError
 
 from agent.console import auth
-from agent.processes import wait_for
+from agent.processes import free_port, wait_for
+from agent.server import create_app
+from agent.settings import Settings
 from steps import audit
 from steps.store import app_db, approval_decisions, audit_log
 from tests.conftest import Env
 from tests.console_server import PASSWORDS, ConsoleServer, console_server, csrf_of, form
+from tests.servers import ThreadedServer
 from tests.test_workflow import parked, submit
 
 
@@ -205,3 +213,42 @@ def test_a_fork_from_the_payment_step_reuses_the_key_and_pays_once(
     with app_db().engine.connect() as conn:
         paid = [e.payload for e in audit.entries(conn, refund_id) if e.event == "refund_paid"]
     assert len(paid) == 1 and paid[0]["replayed"] is True
+
+
+def test_without_operators_serve_makes_an_admin_whose_password_is_in_a_private_file(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    port = free_port()
+    settings = env.settings(refund_agent_port=port)
+    server = ThreadedServer(create_app(settings), port=port)
+    with caplog.at_level(logging.WARNING):
+        server.start()
+    try:
+        path = settings.console_admin_password_file()
+        assert path.stat().st_mode & 0o777 == 0o600
+        password = path.read_text().strip()
+        assert str(path) in caplog.text and password not in caplog.text
+        with httpx.Client(base_url=server.base_url) as http:
+            fields = {"name": "admin", "password": password, "csrf": csrf_of(http), "next": "/console"}
+            assert http.post("/console/login", data=fields).status_code == 303
+            assert "admin (admin)" in http.get("/console").text
+    finally:
+        server.stop()
+
+
+def test_hash_password_prints_a_hash_the_settings_accept(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "hash-password"],
+        input="a long passphrase\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    hashed = done.stdout.strip()
+    assert hashed.startswith("scrypt$") and "passphrase" not in done.stdout
+    settings = Settings(refund_agent_data_dir=tmp_path, refund_agent_operators={"dana": f"approver:{hashed}"})
+    operator = auth.authenticate(auth.parse_operators(settings.refund_agent_operators), "dana", "a long passphrase")
+    assert operator is not None and operator.role == "approver"
+    with pytest.raises(ValidationError):
+        Settings(refund_agent_data_dir=tmp_path, refund_agent_operators={"dana": "root:plain-text-password"})

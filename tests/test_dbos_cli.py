@@ -12,8 +12,9 @@ from typing import Any
 
 from dbos import DBOSClient
 
-from agent import approvals
+from agent import approvals, runtime
 from agent.processes import wait_for
+from agent.settings import Settings
 from steps import audit
 from steps.store import app_db
 from tests.conftest import Env
@@ -96,3 +97,13 @@ def test_dbos_cli_fork_from_the_payment_step_sends_the_same_key_and_pays_once(
     with app_db().engine.connect() as conn:
         paid = [e.payload for e in audit.entries(conn, refund_id) if e.event == "refund_paid"]
     assert len(paid) == 1 and paid[0]["replayed"] is True
+
+
+def test_conductor_is_optional_and_gets_the_key_only_when_configured(tmp_path: Path) -> None:
+    def settings(**values: Any) -> Settings:
+        return Settings(refund_agent_data_dir=tmp_path, dbos_system_database_url="postgresql://u@127.0.0.1/x", **values)
+
+    assert "conductor_key" not in runtime.dbos_config(settings())
+    configured = settings(dbos_conductor_key="conductor-key-for-test")
+    assert runtime.dbos_config(configured).get("conductor_key") == "conductor-key-for-test"
+    assert "conductor-key-for-test" not in repr(configured)
