@@ -206,6 +206,7 @@ def test_a_fork_from_the_payment_step_reuses_the_key_and_pays_once(
         assert outcome["status"] == "completed" and outcome["idempotency_key"] == f"refund:{refund_id}:ord_1002"
         detail = ada.get(f"/console/refunds/{refund_id}")
         assert fork_id in detail.text and "chain intact" in detail.text
+        assert '<span class="pill completed" id="status">completed</span>' in detail.text  # the fork's outcome
         again = form(ada, f"/console/refunds/{refund_id}/fork", step=prepare_step, csrf=token)
         assert again.status_code == 409 and "was paid" in again.text
     refunds = env.sandbox.refunds("ch_ord_1002")

@@ -66,7 +66,7 @@ def test_operator_signs_in_approves_a_pending_refund_and_watches_it_complete(
     server, client = console
     refund_id = submit(client, "browser-approve-01", "ord_1002", "The standing desk arrived broken.")
     parked(client, refund_id)
-    context = browser.new_context(viewport={"width": 1100, "height": 820})
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
     sign_in(page, server)
     card = page.locator(f'section.pending[data-refund="{refund_id}"]')
@@ -93,6 +93,13 @@ def test_operator_signs_in_approves_a_pending_refund_and_watches_it_complete(
     expect(page.locator("#chain")).to_contain_text("chain intact")
     expect(page.locator("#audit")).to_contain_text("approval_decided")
     page.screenshot(path=ARTIFACTS / f"refund-{env.backend}.png", full_page=True)
+    box = timeline.bounding_box()
+    assert box is not None  # the README's picture: the refund at a glance, down to its step timeline
+    page.screenshot(
+        path=ARTIFACTS / f"console-{env.backend}.png",
+        full_page=True,
+        clip={"x": 0, "y": 0, "width": 1280, "height": box["y"] + box["height"] + 12},
+    )
 
     page.goto(f"{server.base_url}/console?status=completed")
     expect(page.locator("#refunds")).to_contain_text(refund_id)
