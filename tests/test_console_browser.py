@@ -145,6 +145,7 @@ def test_hostile_customer_messages_render_as_text(
     for refund_id, message in zip(ids, HOSTILE, strict=True):
         page.goto(f"{server.base_url}/console/refunds/{refund_id}")
         assert page.locator("#customer-message").text_content() == message
+        assert page.locator('meta[http-equiv="refresh"]').count() == 0  # no reload under an approver's eyes
         assert page.locator("script, img, svg, a[href^='javascript']").count() == 0
         assert page.evaluate("window.__pwned") is None
     assert dialogs == []
