@@ -59,6 +59,17 @@ def test_session_cookies_are_signed_and_expire() -> None:
     assert session.may("approver") and not session.may("admin")
 
 
+def test_sign_in_limit_counts_failures_per_name_and_per_address_and_forgets_old_ones() -> None:
+    limiter = auth.SignInLimiter(per_name=2, per_address=3, window=60)
+    limiter.failed("ada", "10.0.0.1", now=0)
+    limiter.failed("ada", "10.0.0.2", now=1)
+    assert limiter.blocked("ada", "10.0.0.3", now=2) and not limiter.blocked("bob", "10.0.0.1", now=2)
+    limiter.failed("bob", "10.0.0.1", now=3)
+    limiter.failed("eve", "10.0.0.1", now=4)
+    assert limiter.blocked("carol", "10.0.0.1", now=5)  # one address, many names
+    assert not limiter.blocked("ada", "10.0.0.1", now=70) and not limiter.blocked("carol", "10.0.0.1", now=70)
+
+
 def test_console_pages_need_a_signed_in_operator(env: Env, console: tuple[ConsoleServer, DBOSClient]) -> None:
     server, _ = console
     with httpx.Client(base_url=server.base_url) as http:
@@ -149,6 +160,8 @@ def test_admin_cancels_and_resumes_a_refund_waiting_for_approval(
     request = parked(client, refund_id)
     with server.signed_in("ada") as ada:
         token = csrf_of(ada, "/console")
+        running = form(ada, f"/console/refunds/{refund_id}/resume", csrf=token)
+        assert running.status_code == 409 and "only a cancelled or stuck refund" in running.text
         confirm = ada.get(f"/console/refunds/{refund_id}/confirm", params={"action": "cancel"})
         assert confirm.status_code == 200 and "Yes, cancel" in confirm.text
         assert form(ada, f"/console/refunds/{refund_id}/cancel", csrf=token).status_code == 303

@@ -15,6 +15,7 @@ from steps.store import app_db, refunds
 
 Action = Literal["cancel", "resume", "fork"]
 FINISHED = ("SUCCESS", "ERROR")
+RESUMABLE = ("CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED")
 
 
 class ActionError(Exception):
@@ -50,6 +51,8 @@ def resume(client: DBOSClient, refund_id: str, *, operator: str) -> None:
     wf = _workflow(client, refund_id)
     if wf.status in FINISHED:
         raise ActionError(f"refund {refund_id} has finished; fork it from a step to run part of it again")
+    if wf.status not in RESUMABLE:  # resuming a running workflow would start a second execution of it
+        raise ActionError(f"refund {refund_id} is {wf.status.lower()}; only a cancelled or stuck refund is resumed")
     client.resume_workflow(refund_id, queue_name=REFUND_QUEUE)
     phase = client.get_event(refund_id, PHASE_EVENT, timeout_seconds=0)
     _record(refund_id, "operator_resumed", {"operator": operator}, str(phase) if phase else "received")

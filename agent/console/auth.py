@@ -90,7 +90,7 @@ class Session:
 
 def new_session(operator: Operator | None = None, *, now: float | None = None) -> Session:
     """A fresh session (and CSRF token); signing in always starts a new one."""
-    expires = int((now or time.time()) + SESSION_SECONDS)
+    expires = int((time.time() if now is None else now) + SESSION_SECONDS)
     return Session(
         csrf=secrets.token_urlsafe(24),
         expires=expires,
@@ -115,7 +115,7 @@ def decode_session(cookie: str | None, secret: bytes, *, now: float | None = Non
         csrf, expires, operator, role = json.loads(_unb64(body))
     except (ValueError, TypeError):
         return None
-    if int(expires) < (now or time.time()) or (role is not None and role not in ROLES):
+    if int(expires) < (time.time() if now is None else now) or (role is not None and role not in ROLES):
         return None
     return Session(csrf=str(csrf), expires=int(expires), operator=operator, role=role)
 
@@ -136,18 +136,20 @@ class SignInLimiter:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def blocked(self, name: str, address: str, *, now: float | None = None) -> bool:
-        now = now or time.monotonic()
+        now = time.monotonic() if now is None else now
         with self._lock:
             for key, limit in ((f"name:{name}", self.per_name), (f"addr:{address}", self.per_address)):
                 failures = self._failures[key]
                 while failures and failures[0] <= now - self.window:
                     failures.popleft()
-                if len(failures) >= limit:
+                if not failures:
+                    del self._failures[key]  # made-up names must not pile up
+                elif len(failures) >= limit:
                     return True
         return False
 
     def failed(self, name: str, address: str, *, now: float | None = None) -> None:
-        now = now or time.monotonic()
+        now = time.monotonic() if now is None else now
         with self._lock:
             self._failures[f"name:{name}"].append(now)
             self._failures[f"addr:{address}"].append(now)

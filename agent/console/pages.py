@@ -107,7 +107,9 @@ def render(
     return finish(HTMLResponse(body, status_code=status), state, request, session if fresh else None)
 
 
-def message(request: Request, state: StateDep, session: SessionDep, title: str, text: str, status: int) -> Response:
+def message(
+    request: Request, state: ConsoleState, session: auth.Session | None, title: str, text: str, status: int
+) -> Response:
     return render(request, state, session, "message.html", status, title=title, text=text)
 
 
