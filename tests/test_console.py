@@ -6,6 +6,7 @@ import logging
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -167,8 +168,15 @@ def test_admin_cancels_and_resumes_a_refund_waiting_for_approval(
         assert form(ada, f"/console/refunds/{refund_id}/cancel", csrf=token).status_code == 303
         assert client.retrieve_workflow(refund_id).get_status().status == "CANCELLED"
         assert form(ada, f"/console/refunds/{refund_id}/cancel", csrf=token).status_code == 409
-        listed = ada.get("/console", params={"status": "cancelled"})
-        assert refund_id in listed.text
+
+        def listed(**filters: str) -> bool:
+            page = ada.get("/console", params=filters)
+            return f'href="/console/refunds/{refund_id}"' in page.text
+
+        yesterday, before = (datetime.now(UTC).date() - timedelta(days=n) for n in (1, 2))
+        assert listed(status="cancelled") and not listed(status="completed")
+        assert listed(order="ord_1002", since=str(yesterday)) and not listed(order="ord_1001")
+        assert not listed(until=str(before))
         assert form(ada, f"/console/refunds/{refund_id}/resume", csrf=token).status_code == 303
         wait_for(
             lambda: client.retrieve_workflow(refund_id).get_status().status == "PENDING",
