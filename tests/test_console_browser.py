@@ -14,6 +14,7 @@ from dbos import DBOSClient
 from playwright.sync_api import Browser, Dialog, Page, expect, sync_playwright
 
 from agent import approvals
+from agent.console.pages import INVISIBLE
 from steps.store import app_db, approval_decisions
 from tests.conftest import Env
 from tests.console_server import PASSWORDS, ConsoleServer, console_server
@@ -30,6 +31,11 @@ HOSTILE = [  # no digits: the offline model would read one as the amount asked f
     "'; DROP TABLE refunds; -- OR ''=''",
     '"><svg onload="window.__pwned = \'svg\'"><a href="javascript:alert(document.cookie)">x</a>',
 ]
+
+
+def shown(message: str) -> str:
+    """The message as the console shows it: every character, invisible ones spelled out."""
+    return INVISIBLE.sub(lambda m: f"[U+{ord(m.group()):04X}]", message)
 
 
 @pytest.fixture(scope="module")
@@ -138,13 +144,14 @@ def test_hostile_customer_messages_render_as_text(
     sign_in(page, server)
     for refund_id, message in zip(ids, HOSTILE, strict=True):
         card = page.locator(f'section.pending[data-refund="{refund_id}"]')
-        assert card.locator(".message").text_content() == message
+        assert card.locator(".message").text_content() == shown(message)
     assert page.locator("script, img, svg, a[href^='javascript']").count() == 0
     assert page.evaluate("window.__pwned") is None
+    expect(page.locator(f'section.pending[data-refund="{ids[2]}"] .message')).to_contain_text("Refund [U+202E]gnp.exe")
     page.screenshot(path=ARTIFACTS / f"hostile-{env.backend}.png", full_page=True)
     for refund_id, message in zip(ids, HOSTILE, strict=True):
         page.goto(f"{server.base_url}/console/refunds/{refund_id}")
-        assert page.locator("#customer-message").text_content() == message
+        assert page.locator("#customer-message").text_content() == shown(message)
         assert page.locator('meta[http-equiv="refresh"]').count() == 0  # no reload under an approver's eyes
         assert page.locator("script, img, svg, a[href^='javascript']").count() == 0
         assert page.evaluate("window.__pwned") is None

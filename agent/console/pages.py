@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -12,6 +13,7 @@ from urllib.parse import quote
 import jinja2
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from markupsafe import Markup, escape
 
 from agent.console import auth
 from agent.settings import Settings
@@ -31,7 +33,18 @@ def _when(value: str | None) -> str:
     return datetime.fromisoformat(value).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+# Direction overrides and zero-width characters can make a customer's text read as something else.
+INVISIBLE = re.compile("[\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
+
+
+def _reveal(value: object) -> Markup:
+    """Escaped text with its invisible characters shown as [U+XXXX]."""
+    escaped = str(escape(value))
+    return Markup(INVISIBLE.sub(lambda m: f'<span class="ctl">[U+{ord(m.group()):04X}]</span>', escaped))  # noqa: S704
+
+
 templates.filters["when"] = _when
+templates.filters["reveal"] = _reveal
 HEADERS = {
     # No script runs on these pages at all; styles are inline.
     "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
