@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dbos import DBOS, DBOSClient, DBOSConfig
+from dbos._dbos import _get_or_create_dbos_registry
 from pydantic_ai import Agent
 from pydantic_ai.models import Model
 
@@ -152,6 +153,9 @@ def start(settings: Settings | None = None, *, worker: bool = True, migrate: boo
 def stop(workflow_completion_timeout_sec: int = 0) -> None:
     global _runtime
     DBOS.destroy(workflow_completion_timeout_sec=workflow_completion_timeout_sec)
+    # DBOS 3.4 keeps the destroyed instance in its registry, where a launched one refuses every datasource
+    # made later in this process (the eval harness makes one per run); forget it, as before the first launch.
+    _get_or_create_dbos_registry().dbos = None
     close_app_database()
     _runtime = None
 
