@@ -169,6 +169,19 @@ def cmd_audit(_: argparse.Namespace) -> int:
     return 1
 
 
+def cmd_hash_password(_: argparse.Namespace) -> int:
+    import getpass
+
+    from agent.console.auth import hash_password
+
+    password = getpass.getpass("password: ") if sys.stdin.isatty() else sys.stdin.readline().rstrip("\n")
+    if not password:
+        print("refused: empty password", file=sys.stderr)
+        return 2
+    print(hash_password(password))
+    return 0
+
+
 def cmd_demo(_: argparse.Namespace) -> int:
     from agent.demo import run_demo
 
@@ -258,6 +271,9 @@ def parser() -> argparse.ArgumentParser:
         d.add_argument("--approver", required=True)
         d.set_defaults(func=cmd_decide)
     _chaos_parser(sub)
+    sub.add_parser(
+        "hash-password", help="hash a console operator's password (read from the terminal or stdin)"
+    ).set_defaults(func=cmd_hash_password)
     audit = sub.add_parser("audit", help="audit log tools")
     audit_sub = audit.add_subparsers(dest="audit_command", required=True)
     audit_sub.add_parser("verify", help="verify the hash chain").set_defaults(func=cmd_audit)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dbos import DBOS, DBOSClient, DBOSConfig
+from dbos._dbos import _get_or_create_dbos_registry
 from dbos._queue import QueueRateLimit
 from pydantic_ai import Agent
 from pydantic_ai.models import Model
@@ -82,6 +83,8 @@ def dbos_config(settings: Settings) -> DBOSConfig:
         "notification_listener_polling_interval_sec": settings.notification_polling_interval_seconds,
         "log_level": "WARNING",
     }
+    if settings.dbos_conductor_key is not None:  # optional: DBOS Console through Conductor
+        config["conductor_key"] = settings.dbos_conductor_key.get_secret_value()
     if url.startswith("sqlite"):
         # WAL + synchronous=NORMAL: the same durability for committed steps, far fewer fsyncs.
         config["system_database_engine"] = create_engine(url)
@@ -240,6 +243,9 @@ def stop(workflow_completion_timeout_sec: int = 0) -> None:
         rt.heartbeat.stop()
         heartbeat.release(rt.heartbeat.engine, rt.lease)
         rt.heartbeat.engine.dispose()
+    # DBOS 3.4 keeps the destroyed instance in its registry, where a launched one refuses every datasource
+    # made later in this process (the eval harness makes one per run); forget it, as before the first launch.
+    _get_or_create_dbos_registry().dbos = None
     close_app_database()
     _runtime = None
 

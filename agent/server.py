@@ -18,7 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from agent import __version__, api, api_approvals, metrics, problems, runtime
+from agent import __version__, api, api_approvals, console, metrics, problems, runtime
 from agent.processes import child_env, http_ok, spawn, stop, wait_for
 from agent.settings import Settings, get_settings
 from steps.seed import seed
@@ -73,6 +73,7 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Fast
         client = runtime.client(settings)
         app.state.services = api.Services(settings, client, rt.limits, token, settings.signing_secret())
         app.state.metrics = metrics.api_registry(app_db().engine, client, runtime.REFUND_QUEUE)
+        console.setup(app, settings)
         try:
             yield
         finally:
@@ -90,6 +91,7 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Fast
     problems.install(app)
     app.include_router(api.router)
     app.include_router(api_approvals.router)
+    app.include_router(console.router)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, bool]:

@@ -62,6 +62,22 @@ class Settings(BaseSettings):
     """Incoming webhook for approval requests. Unset: approval requests go to the outbox and the log."""
     slack_signing_secret: SecretStr | None = None
     """Verifies Slack's interactive requests (Approve / Reject buttons)."""
+    refund_agent_operators: dict[str, str] = Field(default_factory=dict)
+    """Console operators as JSON, name -> "role:password-hash" (role ``approver`` or ``admin``; the hash from
+    ``refund-agent hash-password``). Unset: one ``admin`` whose password is generated into the data directory."""
+    refund_agent_session_secret: SecretStr | None = None
+    """Signs console session cookies. Unset: generated on first start and kept in the data directory."""
+    dbos_conductor_key: SecretStr | None = None
+    """Optional: connect to DBOS Conductor (DBOS Console); needs the ``conductor`` extra (dbos[enterprise])."""
+
+    @field_validator("refund_agent_operators")
+    @classmethod
+    def _operators(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, spec in value.items():
+            role, _, hashed = spec.partition(":")
+            if not name.strip() or role not in ("approver", "admin") or not hashed.startswith("scrypt$"):
+                raise ValueError(f'operator {name!r}: expected "approver:scrypt$..." or "admin:scrypt$..."')
+        return value
 
     payments_api_base: str | None = None
     """Stripe-compatible API base. Unset: the local payments sandbox."""
@@ -136,6 +152,18 @@ class Settings(BaseSettings):
 
     def api_token_file(self) -> Path:
         return self.refund_agent_data_dir.resolve() / "api_token"
+
+    def session_secret(self) -> bytes:
+        if self.refund_agent_session_secret is not None:
+            return self.refund_agent_session_secret.get_secret_value().encode()
+        return self._generated_secret("console_session.key").encode()
+
+    def console_admin_password(self) -> str:
+        """The generated password of the default console admin (used only when no operator is configured)."""
+        return self._generated_secret("console_admin_password")
+
+    def console_admin_password_file(self) -> Path:
+        return self.refund_agent_data_dir.resolve() / "console_admin_password"
 
     def _generated_secret(self, name: str) -> str:
         """A random secret kept (mode 0600) in the data directory: the embedded default's convenience."""

@@ -1,0 +1,83 @@
+"""Operators' admin actions on a refund's workflow: cancel, resume, fork. Each lands in the audit log."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import sqlalchemy as sa
+from dbos import DBOSClient
+
+from agent.domain import PHASE_EVENT
+from agent.runtime import REFUND_QUEUE
+from steps import audit
+from steps.store import app_db, refunds
+
+Action = Literal["cancel", "resume", "fork"]
+FINISHED = ("SUCCESS", "ERROR")
+RESUMABLE = ("CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED")
+
+
+class ActionError(Exception):
+    """The action does not apply to the refund as it is now."""
+
+
+def _workflow(client: DBOSClient, refund_id: str) -> Any:
+    found = client.list_workflows(workflow_ids=[refund_id], load_input=False, load_output=False)
+    if not found:
+        raise ActionError(f"refund {refund_id} has no workflow")
+    return found[0]
+
+
+def _record(refund_id: str, event: str, payload: dict[str, Any], status: str | None = None) -> None:
+    now = datetime.now(UTC)
+    with app_db().engine.begin() as conn:
+        if status is not None:
+            conn.execute(refunds.update().where(refunds.c.refund_id == refund_id).values(status=status, updated_at=now))
+        audit.append(conn, refund_id=refund_id, event=event, payload=payload, now=now)
+
+
+def cancel(client: DBOSClient, refund_id: str, *, operator: str) -> None:
+    """Stop the workflow where it is; nothing it has not done yet happens until someone resumes it."""
+    wf = _workflow(client, refund_id)
+    if wf.status in (*FINISHED, "CANCELLED"):
+        raise ActionError(f"refund {refund_id} is {wf.status.lower()}; only a running refund can be cancelled")
+    client.cancel_workflow(refund_id)
+    _record(refund_id, "operator_cancelled", {"operator": operator, "workflow_status": wf.status}, "cancelled")
+
+
+def resume(client: DBOSClient, refund_id: str, *, operator: str) -> None:
+    """Continue a cancelled (or stuck) workflow from its last checkpoint, on the refunds queue."""
+    wf = _workflow(client, refund_id)
+    if wf.status in FINISHED:
+        raise ActionError(f"refund {refund_id} has finished; fork it from a step to run part of it again")
+    if wf.status not in RESUMABLE:  # resuming a running workflow would start a second execution of it
+        raise ActionError(f"refund {refund_id} is {wf.status.lower()}; only a cancelled or stuck refund is resumed")
+    client.resume_workflow(refund_id, queue_name=REFUND_QUEUE)
+    phase = client.get_event(refund_id, PHASE_EVENT, timeout_seconds=0)
+    _record(refund_id, "operator_resumed", {"operator": operator}, str(phase) if phase else "received")
+
+
+def fork(client: DBOSClient, refund_id: str, *, step: int, operator: str, app_version: str) -> str:
+    """Run the workflow again from ``step`` under a new workflow id; earlier steps keep their results.
+
+    The refund id is the workflow's input, so the payment step derives the same idempotency key and
+    the provider replays a refund it already made instead of paying twice."""
+    wf = _workflow(client, refund_id)
+    if wf.status in ("ENQUEUED", "PENDING", "DELAYED"):
+        raise ActionError(f"refund {refund_id} is still running; cancel it before forking it")
+    with app_db().engine.connect() as conn:
+        paid = conn.execute(
+            sa.select(refunds.c.provider_refund_id).where(refunds.c.refund_id == refund_id)
+        ).scalar_one_or_none()
+    if paid:
+        raise ActionError(
+            f"refund {refund_id} was paid (provider refund {paid}); a fork would only replay that payment"
+        )
+    steps = {s["function_id"] for s in client.list_workflow_steps(refund_id, load_output=False)}
+    if step < 1 or (step > 1 and step not in steps):
+        raise ActionError(f"refund {refund_id} has no step {step}")
+    handle = client.fork_workflow(refund_id, step, application_version=app_version, queue_name=REFUND_QUEUE)
+    fork_id = str(handle.get_workflow_id())
+    _record(refund_id, "operator_forked", {"operator": operator, "from_step": step, "fork_workflow_id": fork_id})
+    return fork_id

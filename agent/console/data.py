@@ -1,0 +1,207 @@
+"""What the console pages show, read from the application database and DBOS's system database."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import sqlalchemy as sa
+from dbos import DBOSClient, WorkflowStatus
+
+from agent import approvals
+from agent.domain import OUTCOME_EVENT, PHASE_EVENT
+from agent.status import _TERMINAL, refund_status, step_timeline
+from steps import audit
+from steps.payments import idempotency_key
+from steps.records import format_money, from_minor
+from steps.store import app_db, approval_decisions, customers, orders, refunds, utc
+
+PAGE_SIZE = 20
+STATUSES = ("received", "deciding", "awaiting_approval", "paying", "completed", "rejected", "failed", "cancelled")
+ACTIVE = ("ENQUEUED", "PENDING", "DELAYED")
+_WITH_CUSTOMER = refunds.outerjoin(orders, orders.c.order_id == refunds.c.order_id).outerjoin(
+    customers, customers.c.customer_id == orders.c.customer_id
+)
+
+
+def span(delta: timedelta) -> str:
+    """A short human duration: 45s, 12m, 3h 5m, 2d 4h."""
+    seconds = int(abs(delta.total_seconds()))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes}m"
+    return f"{minutes}m" if minutes else f"{secs}s"
+
+
+def customer_messages(client: DBOSClient, refund_ids: list[str]) -> dict[str, str]:
+    """The customers' own words, from the workflows' inputs (the app database keeps only a hash)."""
+    if not refund_ids:
+        return {}
+    found = {}
+    for wf in client.list_workflows(workflow_ids=refund_ids, load_input=True, load_output=False):
+        args = wf.input["args"] if wf.input else ()
+        if len(args) > 1 and isinstance(args[1], dict):
+            found[wf.workflow_id] = str(args[1].get("message", ""))
+    return found
+
+
+def pending_approvals(client: DBOSClient, now: datetime) -> list[dict[str, Any]]:
+    """Refunds waiting for a person, oldest first, with the time left before escalation and expiry."""
+    query = (
+        sa.select(refunds, customers.c.name.label("customer"))
+        .select_from(
+            _WITH_CUSTOMER.outerjoin(approval_decisions, approval_decisions.c.refund_id == refunds.c.refund_id)
+        )
+        .where(refunds.c.status == "awaiting_approval", approval_decisions.c.refund_id.is_(None))
+        .order_by(refunds.c.created_at, refunds.c.refund_id)
+        .limit(100)
+    )
+    with app_db().engine.connect() as conn:
+        rows = list(conn.execute(query))
+    messages = customer_messages(client, [r.refund_id for r in rows])
+    pending = []
+    for row in rows:
+        request = approvals.pending_request(client, row.refund_id)
+        if request is None:
+            continue
+        requested = datetime.fromisoformat(request["requested_at"])
+        escalate = datetime.fromisoformat(request["escalate_at"])
+        expires = datetime.fromisoformat(request["expires_at"])
+        pending.append(
+            {
+                "refund_id": row.refund_id,
+                "order_id": row.order_id,
+                "customer": row.customer or "?",
+                "money": format_money(Decimal(request["amount"]), request["currency"]),
+                "amount": request["amount"],
+                "currency": request["currency"],
+                "reason": str(request.get("reason", "")),
+                "message": messages.get(row.refund_id, ""),
+                "age": span(now - requested),
+                "escalates_in": span(escalate - now) if escalate > now else "escalated",
+                "expires_in": span(expires - now) if expires > now else "expired",
+            }
+        )
+    return pending
+
+
+@dataclass(frozen=True)
+class RefundFilter:
+    status: str | None = None
+    order: str | None = None
+    since: date | None = None
+    until: date | None = None
+    page: int = 1
+
+
+def list_refunds(flt: RefundFilter) -> tuple[list[dict[str, Any]], bool]:
+    """One page of refunds, newest first, and whether another page follows."""
+    query = sa.select(refunds, customers.c.name.label("customer")).select_from(_WITH_CUSTOMER)
+    if flt.status:
+        query = query.where(refunds.c.status == flt.status)
+    if flt.order:
+        query = query.where(refunds.c.order_id == flt.order)
+    if flt.since:
+        query = query.where(refunds.c.created_at >= datetime.combine(flt.since, datetime.min.time(), UTC))
+    if flt.until:
+        end = datetime.combine(flt.until, datetime.min.time(), UTC) + timedelta(days=1)
+        query = query.where(refunds.c.created_at < end)
+    query = query.order_by(refunds.c.created_at.desc(), refunds.c.refund_id.desc())
+    query = query.offset((flt.page - 1) * PAGE_SIZE).limit(PAGE_SIZE + 1)
+    with app_db().engine.connect() as conn:
+        rows = list(conn.execute(query))
+    items = []
+    for row in rows[:PAGE_SIZE]:
+        minor = row.proposed_amount_minor or row.requested_amount_minor
+        items.append(
+            {
+                "refund_id": row.refund_id,
+                "status": row.status,
+                "order_id": row.order_id,
+                "customer": row.customer or "?",
+                "money": format_money(from_minor(minor, row.currency), row.currency) if minor else "-",
+                "created_at": utc(row.created_at).strftime("%Y-%m-%d %H:%M"),
+            }
+        )
+    return items, len(rows) > PAGE_SIZE
+
+
+def _execution(client: DBOSClient, wf: WorkflowStatus) -> dict[str, Any]:
+    """One run of the refund workflow (the original or a fork) with its steps laid out as bars."""
+    steps = step_timeline(client, wf.workflow_id)
+    starts = [datetime.fromisoformat(s["start"]) for s in steps if s["start"]]
+    ends = [datetime.fromisoformat(s["end"]) for s in steps if s["end"]]
+    origin = min(starts) if starts else None
+    total = max((max(ends) - origin).total_seconds() * 1000, 1.0) if origin and ends else 1.0
+    for step in steps:
+        if origin and step["start"]:
+            offset = (datetime.fromisoformat(step["start"]) - origin).total_seconds() * 1000
+            step["left"] = round(100 * offset / total, 2)
+            step["width"] = max(round(100 * (step["duration_ms"] or 0) / total, 2), 0.5)
+        else:
+            step["left"], step["width"] = 0.0, 0.5
+    return {
+        "workflow_id": wf.workflow_id,
+        "status": wf.status,
+        "attempts": wf.recovery_attempts or 1,
+        "executor_id": wf.executor_id,
+        "forked_from": wf.forked_from,
+        "created_at": datetime.fromtimestamp(wf.created_at / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+        if wf.created_at
+        else None,
+        "active": wf.status in ACTIVE,
+        "total_ms": round(total) if ends else None,
+        "steps": steps,
+    }
+
+
+def refund_detail(client: DBOSClient, refund_id: str) -> dict[str, Any] | None:
+    """Everything the detail page shows; None when there is no such refund."""
+    status = refund_status(client, refund_id)
+    if status is None:
+        return None
+    with app_db().engine.connect() as conn:
+        row = conn.execute(
+            sa.select(refunds, customers.c.name.label("customer"))
+            .select_from(_WITH_CUSTOMER)
+            .where(refunds.c.refund_id == refund_id)
+        ).first()
+        entries = audit.entries(conn, refund_id)
+        chain = audit.verify(conn)
+    runs = client.list_workflows(workflow_ids=[refund_id], load_input=False, load_output=False)
+    forks = client.list_workflows(forked_from=refund_id, load_input=False, load_output=False)
+    if forks:  # the newest run speaks for the refund: a fork carries on where its original stopped
+        latest = max(forks, key=lambda wf: wf.created_at or 0)
+        phase = client.get_event(latest.workflow_id, PHASE_EVENT, timeout_seconds=0)
+        status["status"] = _TERMINAL.get(latest.status) or phase or "received"
+        status["outcome"] = client.get_event(latest.workflow_id, OUTCOME_EVENT, timeout_seconds=0)
+    verdict = next((e.payload for e in reversed(entries) if e.event == "policy_verdict"), None)
+    order_id = status["order_id"]
+    return {
+        **status,
+        "row_status": row.status if row else None,
+        "customer": row.customer if row else None,
+        "created_at": utc(row.created_at).strftime("%Y-%m-%d %H:%M:%S") if row else None,
+        "message": customer_messages(client, [refund_id]).get(refund_id, ""),
+        "verdict_detail": verdict,
+        "expected_key": idempotency_key(refund_id, order_id) if order_id else None,
+        "executions": [_execution(client, wf) for wf in [*runs, *forks]],
+        "audit": [
+            {
+                "seq": e.seq,
+                "event": e.event,
+                "at": e.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+                "payload": e.payload,
+                "hash": e.hash[:12],
+                "intact": chain.ok or (chain.first_broken_seq is not None and e.seq < chain.first_broken_seq),
+            }
+            for e in entries
+        ],
+        "chain": chain,
+    }

@@ -1,0 +1,145 @@
+"""How console pages are made: templates, security headers, the session cookie, and the POST guard."""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import quote
+
+import jinja2
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from markupsafe import Markup, escape
+
+from agent.console import auth
+from agent.settings import Settings
+
+log = logging.getLogger(__name__)
+templates = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
+    autoescape=True,  # customers write the messages shown here
+    undefined=jinja2.StrictUndefined,
+)
+
+
+def _when(value: str | None) -> str:
+    """An ISO timestamp as the console shows times: UTC, to the second."""
+    if not value:
+        return "-"
+    return datetime.fromisoformat(value).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+# Direction overrides and zero-width characters can make a customer's text read as something else.
+INVISIBLE = re.compile("[\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
+
+
+def _reveal(value: object) -> Markup:
+    """Escaped text with its invisible characters shown as [U+XXXX]."""
+    escaped = str(escape(value))
+    return Markup(INVISIBLE.sub(lambda m: f'<span class="ctl">[U+{ord(m.group()):04X}]</span>', escaped))  # noqa: S704
+
+
+templates.filters["when"] = _when
+templates.filters["reveal"] = _reveal
+HEADERS = {
+    # No script runs on these pages at all; styles are inline.
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+
+
+@dataclass
+class ConsoleState:
+    operators: dict[str, auth.Operator]
+    secret: bytes
+    secure_cookie: bool
+    limiter: auth.SignInLimiter = field(default_factory=auth.SignInLimiter)
+
+
+def setup(app: FastAPI, settings: Settings) -> None:
+    """Load the operators (or make the default admin) and the session key; called in the server's lifespan."""
+    operators = auth.parse_operators(settings.refund_agent_operators)
+    if not operators:
+        hashed = auth.hash_password(settings.console_admin_password())
+        operators = {"admin": auth.Operator("admin", "admin", hashed)}
+        log.warning(
+            "console: no operators configured; sign in at /console as 'admin' with the password in %s",
+            settings.console_admin_password_file(),
+        )
+    app.state.console = ConsoleState(operators, settings.session_secret(), settings.public_url.startswith("https"))
+
+
+def _state(request: Request) -> ConsoleState:
+    state: ConsoleState = request.app.state.console
+    return state
+
+
+StateDep = Annotated[ConsoleState, Depends(_state)]
+
+
+def _session(request: Request, state: StateDep) -> auth.Session | None:
+    return auth.decode_session(request.cookies.get(auth.SESSION_COOKIE), state.secret)
+
+
+SessionDep = Annotated[auth.Session | None, Depends(_session)]
+
+
+def finish(response: Response, state: ConsoleState, request: Request, session: auth.Session | None) -> Response:
+    response.headers.update(HEADERS)
+    if session is not None:
+        response.set_cookie(
+            auth.SESSION_COOKIE,
+            auth.encode_session(session, state.secret),
+            max_age=auth.SESSION_SECONDS,
+            path="/console",
+            httponly=True,
+            samesite="lax",
+            secure=state.secure_cookie or request.url.scheme == "https",
+        )
+    return response
+
+
+def render(
+    request: Request,
+    state: ConsoleState,
+    session: auth.Session | None,
+    template: str,
+    status: int = 200,
+    **context: Any,
+) -> Response:
+    fresh = session is None  # every page carries a CSRF token, so anonymous visitors get a session too
+    session = session or auth.new_session()
+    body = templates.get_template(template).render(session=session, **context)
+    return finish(HTMLResponse(body, status_code=status), state, request, session if fresh else None)
+
+
+def message(
+    request: Request, state: ConsoleState, session: auth.Session | None, title: str, text: str, status: int
+) -> Response:
+    return render(request, state, session, "message.html", status, title=title, text=text)
+
+
+def to_login(request: Request) -> Response:
+    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return RedirectResponse(f"/console/login?next={quote(target)}", status_code=303)
+
+
+def guard(
+    request: Request, state: ConsoleState, session: auth.Session | None, csrf: str | None, role: auth.Role
+) -> Response | None:
+    """Refuse a POST without a valid session, a matching CSRF token, or the role it needs."""
+    if not auth.csrf_ok(session, csrf):
+        return message(request, state, session, "Refused", "The form has expired or is not from this console.", 403)
+    assert session is not None
+    if session.operator is None:
+        return message(request, state, session, "Refused", "Sign in first.", 403)
+    if not session.may(role):
+        return message(request, state, session, "Refused", f"This needs the {role} role.", 403)
+    return None

@@ -1,0 +1,228 @@
+"""The operator console: server-rendered pages under /console. No JavaScript; every POST carries a CSRF token."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, date, datetime
+from decimal import Decimal, InvalidOperation
+from typing import Annotated, Any
+from urllib.parse import quote
+
+from fastapi import APIRouter, Form, Query, Request
+from fastapi.responses import RedirectResponse, Response
+
+from agent import approvals
+from agent.api import Services, ServicesDep
+from agent.console import actions, auth, data, pages
+from agent.console.pages import SessionDep, StateDep
+
+log = logging.getLogger(__name__)
+router = APIRouter(prefix="/console", include_in_schema=False)
+DONE = {
+    "approve": "Approved. The refund continues to payment.",
+    "reject": "Rejected. The customer will be told.",
+    "cancel": "Cancelled. The workflow stops where it is until someone resumes it.",
+    "resume": "Resumed from its last checkpoint.",
+    "fork": "Forked: a new run of this refund was queued.",
+}
+
+
+@router.get("/login")
+def login_page(request: Request, state: StateDep, session: SessionDep, next: str = "/console") -> Response:
+    return pages.render(request, state, session, "login.html", next=next, error=None)
+
+
+@router.post("/login")
+def login(
+    request: Request,
+    state: StateDep,
+    session: SessionDep,
+    name: Annotated[str, Form(max_length=200)] = "",
+    password: Annotated[str, Form(max_length=1000)] = "",
+    csrf: Annotated[str | None, Form()] = None,
+    next: Annotated[str, Form(max_length=2000)] = "/console",
+) -> Response:
+    if not auth.csrf_ok(session, csrf):
+        return pages.message(
+            request, state, session, "Refused", "The form has expired; open the sign-in page again.", 403
+        )
+    address = request.client.host if request.client else "?"
+    if state.limiter.blocked(name, address):
+        log.warning("console: sign-in refused from %s: too many failures", address)
+        return pages.render(
+            request, state, session, "login.html", 429, next=next, error="Too many attempts; wait a while."
+        )
+    operator = auth.authenticate(state.operators, name, password)
+    if operator is None:
+        state.limiter.failed(name, address)
+        log.warning("console: failed sign-in from %s", address)  # the name field may hold a mistyped password
+        return pages.render(request, state, session, "login.html", 401, next=next, error="Wrong name or password.")
+    state.limiter.succeeded(name)
+    log.info("console: %s signed in (%s)", operator.name, operator.role)
+    target = next if next.startswith("/console") and not next.startswith("//") else "/console"
+    return pages.finish(RedirectResponse(target, status_code=303), state, request, auth.new_session(operator))
+
+
+@router.post("/logout")
+def logout(
+    request: Request, state: StateDep, session: SessionDep, csrf: Annotated[str | None, Form()] = None
+) -> Response:
+    if not auth.csrf_ok(session, csrf):
+        return pages.message(
+            request, state, session, "Refused", "The form has expired or is not from this console.", 403
+        )
+    return pages.finish(RedirectResponse("/console/login", status_code=303), state, request, auth.new_session())
+
+
+def _day(value: str | None) -> date | None:
+    try:
+        return date.fromisoformat(value) if value else None
+    except ValueError:
+        return None
+
+
+@router.get("")
+def home(
+    request: Request,
+    state: StateDep,
+    session: SessionDep,
+    svc: ServicesDep,
+    status: str | None = None,
+    order: Annotated[str | None, Query(max_length=64)] = None,
+    since: str | None = None,
+    until: str | None = None,
+    page: Annotated[int, Query(ge=1, le=10_000)] = 1,
+) -> Response:
+    if session is None or session.operator is None:
+        return pages.to_login(request)
+    flt = data.RefundFilter(
+        status=status if status in data.STATUSES else None,
+        order=(order or "").strip() or None,
+        since=_day(since),
+        until=_day(until),
+        page=page,
+    )
+    items, more = data.list_refunds(flt)
+    query = {k: v for k, v in {"status": flt.status, "order": flt.order, "since": since, "until": until}.items() if v}
+    return pages.render(
+        request,
+        state,
+        session,
+        "index.html",
+        pending=data.pending_approvals(svc.client, datetime.now(UTC)),
+        refunds=items,
+        more=more,
+        flt=flt,
+        query=query,
+        statuses=data.STATUSES,
+    )
+
+
+@router.get("/refunds/{refund_id}")
+def refund_page(
+    refund_id: str, request: Request, state: StateDep, session: SessionDep, svc: ServicesDep, done: str | None = None
+) -> Response:
+    if session is None or session.operator is None:
+        return pages.to_login(request)
+    detail = data.refund_detail(svc.client, refund_id)
+    if detail is None:
+        return pages.message(request, state, session, "Not found", f"There is no refund {refund_id}.", 404)
+    return pages.render(request, state, session, "refund.html", r=detail, notice=DONE.get(done or ""))
+
+
+@router.post("/refunds/{refund_id}/decision")
+def decide(
+    refund_id: str,
+    request: Request,
+    state: StateDep,
+    session: SessionDep,
+    svc: ServicesDep,
+    decision: Annotated[str, Form()] = "",
+    amount: Annotated[str, Form(max_length=32)] = "",
+    currency: Annotated[str, Form(max_length=3)] = "",
+    csrf: Annotated[str | None, Form()] = None,
+) -> Response:
+    if refused := pages.guard(request, state, session, csrf, "approver"):
+        return refused
+    assert session is not None and session.operator is not None
+    if decision not in ("approve", "reject"):
+        return pages.message(request, state, session, "Not recorded", "Choose approve or reject.", 400)
+    try:
+        result = approvals.decide(
+            svc.client,
+            refund_id=refund_id,
+            decision="approve" if decision == "approve" else "reject",
+            approver=f"console:{session.operator}",
+            amount=Decimal(amount),  # what the operator saw: a decision is bound to it
+            currency=currency,
+        )
+    except (InvalidOperation, ValueError):
+        return pages.message(request, state, session, "Not recorded", "The form did not name an amount.", 400)
+    except approvals.ApprovalError as error:
+        return pages.message(request, state, session, "Not recorded", str(error), 409)
+    record = result.record
+    if record.decision != decision:
+        text = f"Refund {refund_id} was already decided: {record.decision} by {record.approver}."
+        return pages.message(request, state, session, "Already decided", text, 409)
+    log.info("console: refund %s %s by %s", refund_id, decision, session.operator)
+    return RedirectResponse(f"/console/refunds/{quote(refund_id, safe='')}?done={decision}", status_code=303)
+
+
+def _admin_context(svc: Services, refund_id: str, action: str) -> dict[str, Any] | None:
+    detail = data.refund_detail(svc.client, refund_id)
+    if detail is None or action not in ("cancel", "resume", "fork"):
+        return None
+    return {"r": detail, "action": action}
+
+
+@router.get("/refunds/{refund_id}/confirm")
+def confirm_page(
+    refund_id: str,
+    request: Request,
+    state: StateDep,
+    session: SessionDep,
+    svc: ServicesDep,
+    action: str = "",
+    step: int | None = None,
+) -> Response:
+    if session is None or session.operator is None:
+        return pages.to_login(request)
+    if not session.may("admin"):
+        return pages.message(request, state, session, "Refused", "This needs the admin role.", 403)
+    context = _admin_context(svc, refund_id, action)
+    if context is None:
+        return pages.message(request, state, session, "Not found", f"No refund {refund_id} or no such action.", 404)
+    return pages.render(request, state, session, "confirm.html", step=step, **context)
+
+
+@router.post("/refunds/{refund_id}/{action}")
+def admin_action(
+    refund_id: str,
+    action: str,
+    request: Request,
+    state: StateDep,
+    session: SessionDep,
+    svc: ServicesDep,
+    step: Annotated[int | None, Form()] = None,
+    csrf: Annotated[str | None, Form()] = None,
+) -> Response:
+    if refused := pages.guard(request, state, session, csrf, "admin"):
+        return refused
+    assert session is not None and session.operator is not None
+    operator = f"console:{session.operator}"
+    suffix = ""
+    try:
+        if action == "cancel":
+            actions.cancel(svc.client, refund_id, operator=operator)
+        elif action == "resume":
+            actions.resume(svc.client, refund_id, operator=operator)
+        elif action == "fork":
+            version = svc.settings.refund_agent_app_version
+            fork_id = actions.fork(svc.client, refund_id, step=step or 1, operator=operator, app_version=version)
+            suffix = f"&fork={quote(fork_id, safe='')}"
+        else:
+            return pages.message(request, state, session, "Not found", f"No action {action}.", 404)
+    except actions.ActionError as error:
+        return pages.message(request, state, session, "Not done", str(error), 409)
+    log.info("console: refund %s %s by %s", refund_id, action, session.operator)
+    return RedirectResponse(f"/console/refunds/{quote(refund_id, safe='')}?done={action}{suffix}", status_code=303)

@@ -1,0 +1,276 @@
+"""The operator console over HTTP: sign-in, sessions, CSRF, roles, and admin actions on real workflows."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+from dbos import DBOSClient
+from pydantic import ValidationError
+
+from agent.console import auth
+from agent.processes import free_port, wait_for
+from agent.server import create_app
+from agent.settings import Settings
+from steps import audit
+from steps.store import app_db, approval_decisions, audit_log
+from tests.conftest import Env
+from tests.console_server import PASSWORDS, ConsoleServer, console_server, csrf_of, form
+from tests.servers import ThreadedServer
+from tests.test_workflow import parked, submit
+
+
+@pytest.fixture
+def console(env: Env) -> Iterator[tuple[ConsoleServer, DBOSClient]]:
+    with console_server(env) as running:
+        yield running
+
+
+def decisions() -> int:
+    with app_db().engine.connect() as conn:
+        return int(conn.execute(sa.select(sa.func.count()).select_from(approval_decisions)).scalar_one())
+
+
+def test_password_hashes_are_salted_and_checked() -> None:
+    first, second = auth.hash_password("correct horse"), auth.hash_password("correct horse")
+    assert first != second and first.startswith("scrypt$")
+    assert auth.check_password("correct horse", first) and auth.check_password("correct horse", second)
+    assert not auth.check_password("correct horsE", first)
+    assert not auth.check_password("correct horse", "scrypt$1$2$3$not-base64$x")
+
+
+def test_session_cookies_are_signed_and_expire() -> None:
+    operator = auth.Operator("dana", "approver", auth.hash_password("pw"))
+    session = auth.new_session(operator, now=1_000_000)
+    cookie = auth.encode_session(session, b"secret")
+    assert auth.decode_session(cookie, b"secret", now=1_000_001) == session
+    assert auth.decode_session(cookie, b"other secret", now=1_000_001) is None
+    signature = cookie.rpartition(".")[2]
+    promoted = auth.encode_session(auth.Session(session.csrf, session.expires, "dana", "admin"), b"x")
+    assert auth.decode_session(promoted.rpartition(".")[0] + "." + signature, b"secret", now=1_000_001) is None
+    assert auth.decode_session(cookie, b"secret", now=session.expires + 1) is None
+    assert session.may("approver") and not session.may("admin")
+
+
+def test_sign_in_limit_counts_failures_per_name_and_per_address_and_forgets_old_ones() -> None:
+    limiter = auth.SignInLimiter(per_name=2, per_address=3, window=60)
+    limiter.failed("ada", "10.0.0.1", now=0)
+    limiter.failed("ada", "10.0.0.2", now=1)
+    assert limiter.blocked("ada", "10.0.0.3", now=2) and not limiter.blocked("bob", "10.0.0.1", now=2)
+    limiter.failed("bob", "10.0.0.1", now=3)
+    limiter.failed("eve", "10.0.0.1", now=4)
+    assert limiter.blocked("carol", "10.0.0.1", now=5)  # one address, many names
+    assert not limiter.blocked("ada", "10.0.0.1", now=70) and not limiter.blocked("carol", "10.0.0.1", now=70)
+
+
+def test_console_pages_need_a_signed_in_operator(env: Env, console: tuple[ConsoleServer, DBOSClient]) -> None:
+    server, _ = console
+    with httpx.Client(base_url=server.base_url) as http:
+        home = http.get("/console")
+        assert home.status_code == 303 and home.headers["location"].startswith("/console/login?next=")
+        detail = http.get("/console/refunds/anything")
+        assert detail.status_code == 303
+        login = http.get("/console/login")
+        assert login.status_code == 200 and "script-src" not in login.headers["content-security-policy"]
+        assert "default-src 'none'" in login.headers["content-security-policy"]
+        cookie = login.headers["set-cookie"].lower()
+        assert "httponly" in cookie and "samesite=lax" in cookie and "path=/console" in cookie
+
+
+def test_form_posts_without_the_csrf_token_or_the_session_are_refused(
+    env: Env, console: tuple[ConsoleServer, DBOSClient]
+) -> None:
+    server, client = console
+    refund_id = submit(client, "console-csrf-01", "ord_1002")
+    request = parked(client, refund_id)
+    fields = {"decision": "approve", "amount": request["amount"], "currency": request["currency"]}
+    path = f"/console/refunds/{refund_id}/decision"
+    with server.signed_in("bob") as bob, httpx.Client(base_url=server.base_url) as stranger:
+        token = csrf_of(bob, "/console")
+        assert form(bob, path, **fields).status_code == 403  # no token
+        assert form(bob, path, **fields, csrf="forged-token").status_code == 403  # wrong token
+        assert form(stranger, path, **fields, csrf=token).status_code == 403  # the token without the session
+        anonymous_token = csrf_of(stranger)
+        assert form(stranger, path, **fields, csrf=anonymous_token).status_code == 403  # a session, not signed in
+        assert form(stranger, "/console/login", name="bob", password=PASSWORDS["bob"]).status_code == 403
+        assert form(bob, "/console/logout", csrf="wrong").status_code == 403
+        # An approver may decide but not run admin actions.
+        assert form(bob, f"/console/refunds/{refund_id}/cancel", csrf=token).status_code == 403
+        assert bob.get(f"/console/refunds/{refund_id}/confirm?action=cancel").status_code == 403
+        assert decisions() == 0 and client.retrieve_workflow(refund_id).get_status().status == "PENDING"
+        done = form(bob, path, **fields, csrf=token)
+        assert done.status_code == 303 and done.headers["location"].endswith("?done=approve")
+    assert client.retrieve_workflow(refund_id).get_result(polling_interval_sec=0.1)["status"] == "completed"
+    with app_db().engine.connect() as conn:
+        approver = conn.execute(sa.select(approval_decisions.c.approver)).scalar_one()
+    assert approver == "console:bob"
+
+
+def test_a_decision_is_bound_to_the_amount_shown_and_the_first_one_stands(
+    env: Env, console: tuple[ConsoleServer, DBOSClient]
+) -> None:
+    server, client = console
+    refund_id = submit(client, "console-bound-01", "ord_1002")
+    parked(client, refund_id)
+    with server.signed_in("bob") as bob:
+        token = csrf_of(bob, "/console")
+        stale = form(
+            bob, f"/console/refunds/{refund_id}/decision", decision="approve", amount="1.00", currency="USD", csrf=token
+        )
+        assert stale.status_code == 409 and "awaits 4200.00 USD" in stale.text
+        assert decisions() == 0
+        fields = {"amount": "4200.00", "currency": "USD", "csrf": token}
+        rejected = form(bob, f"/console/refunds/{refund_id}/decision", decision="reject", **fields)
+        assert rejected.status_code == 303
+        late = form(bob, f"/console/refunds/{refund_id}/decision", decision="approve", **fields)
+        assert late.status_code == 409 and "already decided: reject by console:bob" in late.text
+    assert client.retrieve_workflow(refund_id).get_result(polling_interval_sec=0.1)["status"] == "rejected"
+    assert decisions() == 1 and env.sandbox.refunds() == []
+
+
+def test_wrong_passwords_are_refused_and_sign_in_is_rate_limited(
+    env: Env, console: tuple[ConsoleServer, DBOSClient]
+) -> None:
+    server, _ = console
+    with httpx.Client(base_url=server.base_url) as http:
+        token = csrf_of(http)
+        for _ in range(5):
+            wrong = form(http, "/console/login", name="ada", password="guess", csrf=token)
+            assert wrong.status_code == 401 and "Wrong name or password" in wrong.text
+        unknown = form(http, "/console/login", name="nobody", password="guess", csrf=token)
+        assert unknown.status_code == 401
+        blocked = form(http, "/console/login", name="ada", password=PASSWORDS["ada"], csrf=token)
+        assert blocked.status_code == 429 and "Too many attempts" in blocked.text
+    with server.signed_in("bob") as bob:  # another operator is not locked out by ada's failures
+        assert bob.get("/console").status_code == 200
+
+
+def test_admin_cancels_and_resumes_a_refund_waiting_for_approval(
+    env: Env, console: tuple[ConsoleServer, DBOSClient]
+) -> None:
+    server, client = console
+    refund_id = submit(client, "console-admin-01", "ord_1002")
+    request = parked(client, refund_id)
+    with server.signed_in("ada") as ada:
+        token = csrf_of(ada, "/console")
+        running = form(ada, f"/console/refunds/{refund_id}/resume", csrf=token)
+        assert running.status_code == 409 and "only a cancelled or stuck refund" in running.text
+        confirm = ada.get(f"/console/refunds/{refund_id}/confirm", params={"action": "cancel"})
+        assert confirm.status_code == 200 and "Yes, cancel" in confirm.text
+        assert form(ada, f"/console/refunds/{refund_id}/cancel", csrf=token).status_code == 303
+        assert client.retrieve_workflow(refund_id).get_status().status == "CANCELLED"
+        assert form(ada, f"/console/refunds/{refund_id}/cancel", csrf=token).status_code == 409
+
+        def listed(**filters: str) -> bool:
+            page = ada.get("/console", params=filters)
+            return f'href="/console/refunds/{refund_id}"' in page.text
+
+        yesterday, before = (datetime.now(UTC).date() - timedelta(days=n) for n in (1, 2))
+        assert listed(status="cancelled") and not listed(status="completed")
+        assert listed(order="ord_1002", since=str(yesterday)) and not listed(order="ord_1001")
+        assert not listed(until=str(before))
+        assert form(ada, f"/console/refunds/{refund_id}/resume", csrf=token).status_code == 303
+        wait_for(
+            lambda: client.retrieve_workflow(refund_id).get_status().status == "PENDING",
+            timeout=60,
+            what="the resumed workflow to run",
+        )
+        fields = {"decision": "approve", "amount": request["amount"], "currency": request["currency"]}
+        assert form(ada, f"/console/refunds/{refund_id}/decision", **fields, csrf=token).status_code == 303
+        assert client.retrieve_workflow(refund_id).get_result(polling_interval_sec=0.1)["status"] == "completed"
+    assert len(env.sandbox.refunds("ch_ord_1002")) == 1
+    with app_db().engine.connect() as conn:
+        events = [e.event for e in audit.entries(conn, refund_id)]
+        assert audit.verify(conn).ok
+        payloads = conn.execute(sa.select(audit_log.c.payload).where(audit_log.c.event.like("operator_%"))).scalars()
+        assert all('"operator": "console:ada"' in p for p in payloads)
+    assert events.count("operator_cancelled") == 1 and events.count("operator_resumed") == 1
+
+
+def test_a_fork_from_the_payment_step_reuses_the_key_and_pays_once(
+    env: Env, console: tuple[ConsoleServer, DBOSClient]
+) -> None:
+    """Cancelled while the provider is applying the refund, then forked: the provider replays, nobody is paid twice."""
+    server, client = console
+    refund_id = submit(client, "console-fork-01", "ord_1002")
+    request = parked(client, refund_id)
+    env.sandbox.set_faults(latency_ms=3000)
+    with server.signed_in("ada") as ada:
+        token = csrf_of(ada, "/console")
+        fields = {"decision": "approve", "amount": request["amount"], "currency": request["currency"]}
+        assert form(ada, f"/console/refunds/{refund_id}/decision", **fields, csrf=token).status_code == 303
+
+        def paying() -> int | None:
+            steps = {s["function_name"]: s for s in client.list_workflow_steps(refund_id)}
+            prepared = steps.get("refunds.prepare_payment")
+            return prepared["function_id"] if prepared and prepared["completed_at_epoch_ms"] else None
+
+        prepare_step = wait_for(paying, timeout=60, what="the payment step to start", interval=0.05)
+        assert form(ada, f"/console/refunds/{refund_id}/cancel", csrf=token).status_code == 303
+        wait_for(lambda: len(env.sandbox.refunds("ch_ord_1002")) == 1, timeout=30, what="the provider to apply it")
+        env.sandbox.set_faults(latency_ms=0)
+        page = ada.get(f"/console/refunds/{refund_id}/confirm", params={"action": "fork"})
+        assert "A fork reuses the same payment idempotency key" in page.text
+        assert f"refund:{refund_id}:ord_1002" in page.text
+        forked = form(ada, f"/console/refunds/{refund_id}/fork", step=prepare_step, csrf=token)
+        assert forked.status_code == 303 and "fork=" in forked.headers["location"]
+        fork_id = forked.headers["location"].split("fork=")[1]
+        outcome: dict[str, Any] = client.retrieve_workflow(fork_id).get_result(polling_interval_sec=0.1)
+        assert outcome["status"] == "completed" and outcome["idempotency_key"] == f"refund:{refund_id}:ord_1002"
+        detail = ada.get(f"/console/refunds/{refund_id}")
+        assert fork_id in detail.text and "chain intact" in detail.text
+        assert '<span class="pill completed" id="status">completed</span>' in detail.text  # the fork's outcome
+        again = form(ada, f"/console/refunds/{refund_id}/fork", step=prepare_step, csrf=token)
+        assert again.status_code == 409 and "was paid" in again.text
+    refunds = env.sandbox.refunds("ch_ord_1002")
+    assert len(refunds) == 1 and refunds[0]["id"] == outcome["provider_refund_id"]
+    with app_db().engine.connect() as conn:
+        paid = [e.payload for e in audit.entries(conn, refund_id) if e.event == "refund_paid"]
+    assert len(paid) == 1 and paid[0]["replayed"] is True
+
+
+def test_without_operators_serve_makes_an_admin_whose_password_is_in_a_private_file(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    port = free_port()
+    settings = env.settings(refund_agent_port=port)
+    server = ThreadedServer(create_app(settings), port=port)
+    with caplog.at_level(logging.WARNING):
+        server.start()
+    try:
+        path = settings.console_admin_password_file()
+        assert path.stat().st_mode & 0o777 == 0o600
+        password = path.read_text().strip()
+        assert str(path) in caplog.text and password not in caplog.text
+        with httpx.Client(base_url=server.base_url) as http:
+            fields = {"name": "admin", "password": password, "csrf": csrf_of(http), "next": "/console"}
+            assert http.post("/console/login", data=fields).status_code == 303
+            assert "admin (admin)" in http.get("/console").text
+    finally:
+        server.stop()
+
+
+def test_hash_password_prints_a_hash_the_settings_accept(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "hash-password"],
+        input="a long passphrase\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    hashed = done.stdout.strip()
+    assert hashed.startswith("scrypt$") and "passphrase" not in done.stdout
+    settings = Settings(refund_agent_data_dir=tmp_path, refund_agent_operators={"dana": f"approver:{hashed}"})
+    operator = auth.authenticate(auth.parse_operators(settings.refund_agent_operators), "dana", "a long passphrase")
+    assert operator is not None and operator.role == "approver"
+    with pytest.raises(ValidationError):
+        Settings(refund_agent_data_dir=tmp_path, refund_agent_operators={"dana": "root:plain-text-password"})

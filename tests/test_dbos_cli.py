@@ -1,0 +1,109 @@
+"""DBOS's own CLI (`dbos workflow list/get/steps/cancel/resume/fork`) on our system database, through the
+repository's dbos-config.yaml (copied next to the test's embedded-default data directory)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from dbos import DBOSClient
+
+from agent import approvals, runtime
+from agent.processes import wait_for
+from agent.settings import Settings
+from steps import audit
+from steps.store import app_db
+from tests.conftest import Env
+from tests.test_workflow import parked, submit
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def dbos(env: Env, cwd: Path, *args: str) -> Any:
+    """Run `dbos workflow ...` as an operator would; return its JSON output (None when it prints nothing)."""
+    shutil.copy(REPO / "dbos-config.yaml", cwd / "dbos-config.yaml")
+    url = ["-s", env.dbs.system_url] if env.backend == "postgres" else []  # SQLite: the path in the yaml
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "dbos"), "workflow", *args, *url],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout) if done.stdout.strip() else None
+
+
+def test_dbos_cli_lists_gets_and_shows_the_steps_of_a_refund(env: Env, client: DBOSClient, tmp_path: Path) -> None:
+    refund_id = submit(client, "dbos-cli-get-01", "ord_1001")
+    client.retrieve_workflow(refund_id).get_result(polling_interval_sec=0.1)
+    listed = dbos(env, tmp_path, "list", "--name", "refund_workflow")
+    assert [w["workflow_id"] for w in listed] == [refund_id]
+    got = dbos(env, tmp_path, "get", refund_id)
+    assert got["status"] == "SUCCESS" and got["name"] == "refund_workflow" and got["executor_id"] == "test-executor"
+    steps = dbos(env, tmp_path, "steps", refund_id)
+    names = [s["function_name"] for s in steps]
+    assert names.index("refunds.prepare_payment") < names.index("payments.issue_refund")
+
+
+def test_dbos_cli_cancels_and_resumes_a_refund_waiting_for_approval(
+    env: Env, client: DBOSClient, tmp_path: Path
+) -> None:
+    refund_id = submit(client, "dbos-cli-resume-01", "ord_1002")
+    parked(client, refund_id)
+    dbos(env, tmp_path, "cancel", refund_id)
+    assert dbos(env, tmp_path, "get", refund_id)["status"] == "CANCELLED"
+    dbos(env, tmp_path, "resume", refund_id)
+    wait_for(
+        lambda: dbos(env, tmp_path, "get", refund_id)["status"] == "PENDING",
+        timeout=60,
+        what="the resumed refund to run again",
+        interval=0.2,
+    )
+    approvals.decide_pending(client, refund_id=refund_id, decision="approve", approver="dana")
+    assert client.retrieve_workflow(refund_id).get_result(polling_interval_sec=0.1)["status"] == "completed"
+    assert len(env.sandbox.refunds("ch_ord_1002")) == 1
+
+
+def test_dbos_cli_fork_from_the_payment_step_sends_the_same_key_and_pays_once(
+    env: Env, client: DBOSClient, tmp_path: Path
+) -> None:
+    """Cancelled while the provider applies the refund, then forked from the payment step with the CLI."""
+    refund_id = submit(client, "dbos-cli-fork-01", "ord_1002")
+    parked(client, refund_id)
+    env.sandbox.set_faults(latency_ms=3000)
+    approvals.decide_pending(client, refund_id=refund_id, decision="approve", approver="dana")
+
+    def prepared() -> int | None:
+        steps = {s["function_name"]: s for s in client.list_workflow_steps(refund_id)}
+        step = steps.get("refunds.prepare_payment")
+        return step["function_id"] if step and step["completed_at_epoch_ms"] else None
+
+    prepare_step = wait_for(prepared, timeout=60, what="the payment step to start", interval=0.05)
+    dbos(env, tmp_path, "cancel", refund_id)
+    wait_for(lambda: len(env.sandbox.refunds("ch_ord_1002")) == 1, timeout=30, what="the provider to apply it")
+    env.sandbox.set_faults(latency_ms=0)
+    fork_id = f"{refund_id}-fork"
+    forked = dbos(env, tmp_path, "fork", refund_id, "--step", str(prepare_step), "--forked-workflow-id", fork_id)
+    assert forked["workflow_id"] == fork_id and forked["forked_from"] == refund_id
+    outcome: dict[str, Any] = client.retrieve_workflow(fork_id).get_result(polling_interval_sec=0.1)
+    assert outcome["status"] == "completed" and outcome["idempotency_key"] == f"refund:{refund_id}:ord_1002"
+    refunds = env.sandbox.refunds("ch_ord_1002")
+    assert len(refunds) == 1 and refunds[0]["id"] == outcome["provider_refund_id"]
+    with app_db().engine.connect() as conn:
+        paid = [e.payload for e in audit.entries(conn, refund_id) if e.event == "refund_paid"]
+    assert len(paid) == 1 and paid[0]["replayed"] is True
+
+
+def test_conductor_is_optional_and_gets_the_key_only_when_configured(tmp_path: Path) -> None:
+    def settings(**values: Any) -> Settings:
+        return Settings(refund_agent_data_dir=tmp_path, dbos_system_database_url="postgresql://u@127.0.0.1/x", **values)
+
+    assert "conductor_key" not in runtime.dbos_config(settings())
+    configured = settings(dbos_conductor_key="conductor-key-for-test")
+    assert runtime.dbos_config(configured).get("conductor_key") == "conductor-key-for-test"
+    assert "conductor-key-for-test" not in repr(configured)
