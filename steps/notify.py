@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from dbos import DBOS
 from slack_sdk.webhook import WebhookClient
 
-from steps.store import outbox, session, transaction
+from steps.store import insert_if_absent, outbox, session, transaction
 
 log = logging.getLogger(__name__)
 
@@ -34,17 +34,17 @@ def slack_enabled() -> bool:
 
 
 def _queue(message_key: str, refund_id: str, channel: str, recipient: str, body: str) -> None:
-    session().execute(
-        outbox.insert().values(
-            message_key=message_key,
-            refund_id=refund_id,
-            channel=channel,
-            recipient=recipient,
-            body=body,
-            created_at=datetime.now(UTC),
-        )
-    )
-    log.info("notification %s queued for refund %s via %s", message_key, refund_id, channel)
+    values = {
+        "message_key": message_key,
+        "refund_id": refund_id,
+        "channel": channel,
+        "recipient": recipient,
+        "body": body,
+        "created_at": datetime.now(UTC),
+    }
+    # One message per key: a forked workflow that runs this step again does not tell anyone twice.
+    if insert_if_absent(session(), outbox, values):
+        log.info("notification %s queued for refund %s via %s", message_key, refund_id, channel)
 
 
 @transaction("notify.approvers")

@@ -223,11 +223,17 @@ def prepare_payment_step(refund_id: str, order_id: str, *, amount: Decimal, curr
 def record_payment_step(refund_id: str, order_id: str, payment: ProviderRefund) -> None:
     now = datetime.now(UTC)
     minor = to_minor(payment.amount, payment.currency)
-    session().execute(
-        orders.update()
-        .where(orders.c.order_id == order_id)
-        .values(amount_refunded_minor=orders.c.amount_refunded_minor + minor)
+    recorded = (
+        session()
+        .execute(sa.select(refunds.c.provider_refund_id).where(refunds.c.refund_id == refund_id))
+        .scalar_one_or_none()
     )
+    if recorded != payment.provider_refund_id:  # a fork re-running this step gets the same provider refund back
+        session().execute(
+            orders.update()
+            .where(orders.c.order_id == order_id)
+            .values(amount_refunded_minor=orders.c.amount_refunded_minor + minor)
+        )
     _touch(
         refund_id,
         now,

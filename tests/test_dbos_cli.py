@@ -10,13 +10,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy as sa
 from dbos import DBOSClient
 
 from agent import approvals, runtime
 from agent.processes import wait_for
 from agent.settings import Settings
 from steps import audit
-from steps.store import app_db
+from steps.store import app_db, orders
 from tests.conftest import Env
 from tests.test_workflow import parked, submit
 
@@ -97,6 +98,40 @@ def test_dbos_cli_fork_from_the_payment_step_sends_the_same_key_and_pays_once(
     with app_db().engine.connect() as conn:
         paid = [e.payload for e in audit.entries(conn, refund_id) if e.event == "refund_paid"]
     assert len(paid) == 1 and paid[0]["replayed"] is True
+
+
+def test_a_fork_that_records_the_same_payment_again_counts_it_once_in_our_book(
+    env: Env, client: DBOSClient, tmp_path: Path
+) -> None:
+    refund_id = submit(client, "dbos-cli-fork-02", "ord_1001")
+    first: dict[str, Any] = client.retrieve_workflow(refund_id).get_result(polling_interval_sec=0.1)
+    assert first["status"] == "completed"
+
+    def refunded() -> int:
+        with app_db().engine.connect() as conn:
+            return int(
+                conn.execute(
+                    sa.select(orders.c.amount_refunded_minor).where(orders.c.order_id == "ord_1001")
+                ).scalar_one()
+            )
+
+    before = refunded()
+    steps = {s["function_name"]: s["function_id"] for s in client.list_workflow_steps(refund_id)}
+    fork_id = f"{refund_id}-fork"
+    dbos(
+        env,
+        tmp_path,
+        "fork",
+        refund_id,
+        "--step",
+        str(steps["refunds.record_payment"]),
+        "--forked-workflow-id",
+        fork_id,
+    )
+    again: dict[str, Any] = client.retrieve_workflow(fork_id).get_result(polling_interval_sec=0.1)
+    assert again["status"] == "completed" and again["provider_refund_id"] == first["provider_refund_id"]
+    assert refunded() == before  # the same provider refund recorded twice adds to the order once
+    assert len(env.sandbox.refunds("ch_ord_1001")) == 1
 
 
 def test_conductor_is_optional_and_gets_the_key_only_when_configured(tmp_path: Path) -> None:
