@@ -27,22 +27,9 @@ from typing import Any
 import sqlalchemy as sa
 from dbos import DBOS
 
-log = logging.getLogger(__name__)
+from steps.store import executor_leases
 
-metadata = sa.MetaData()
-executor_leases = sa.Table(
-    "executor_leases",
-    metadata,
-    sa.Column("executor_id", sa.String(200), primary_key=True),
-    sa.Column("token", sa.String(64), nullable=False),
-    sa.Column("state", sa.String(16), nullable=False),  # running | stopped | recovering | recovered
-    sa.Column("host", sa.String(255), nullable=False),
-    sa.Column("pid", sa.Integer, nullable=False),
-    sa.Column("app_version", sa.String(100), nullable=False),
-    sa.Column("role", sa.String(32), nullable=False),
-    sa.Column("started_ms", sa.BigInteger, nullable=False),
-    sa.Column("beat_ms", sa.BigInteger, nullable=False),
-)
+log = logging.getLogger(__name__)
 
 RUNNING, STOPPED, RECOVERING, RECOVERED = "running", "stopped", "recovering", "recovered"
 MAX_EXECUTOR_INDEX = 64
@@ -150,7 +137,6 @@ def claim(
     stale_after: float,
 ) -> Lease:
     """The lease on ``executor_id``, or (when it is None) on the first free ``<hostname>-<index>``."""
-    metadata.create_all(engine, checkfirst=True)
     host = socket.gethostname()
     candidates = [executor_id] if executor_id else [f"{host}-{i}" for i in range(MAX_EXECUTOR_INDEX)]
     holder: Any = None

@@ -65,6 +65,21 @@ refunds = sa.Table(
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
 )
 
+# One live process per DBOS executor id (agent/heartbeat.py): a lease renewed on the database clock.
+executor_leases = sa.Table(
+    "executor_leases",
+    metadata,
+    sa.Column("executor_id", sa.String(200), primary_key=True),
+    sa.Column("token", sa.String(64), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),  # running | stopped | recovering | recovered
+    sa.Column("host", sa.String(255), nullable=False),
+    sa.Column("pid", sa.Integer, nullable=False),
+    sa.Column("app_version", sa.String(100), nullable=False),
+    sa.Column("role", sa.String(32), nullable=False),
+    sa.Column("started_ms", sa.BigInteger, nullable=False),
+    sa.Column("beat_ms", sa.BigInteger, nullable=False),
+)
+
 approval_decisions = sa.Table(
     "approval_decisions",
     metadata,

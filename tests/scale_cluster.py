@@ -12,10 +12,9 @@ import sqlalchemy as sa
 from dbos import DBOSClient
 
 from agent import runtime
-from agent.heartbeat import executor_leases
 from agent.processes import child_env, free_port, http_ok, spawn, stop, wait_for
 from steps.seed import seed
-from steps.store import app_db, close_app_database, open_app_database
+from steps.store import app_db, close_app_database, executor_leases, open_app_database
 from tests.conftest import Env
 
 API_TOKEN = "scale-test-token"

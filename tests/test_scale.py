@@ -23,7 +23,7 @@ from agent import approvals, heartbeat, metrics, runtime
 from agent.domain import RefundRequest
 from agent.processes import wait_for
 from agent.submit import submit_refund
-from steps.store import app_db
+from steps.store import app_db, executor_leases
 from tests.conftest import BACKENDS, Env
 from tests.scale_cluster import API_TOKEN, Cluster
 
@@ -199,7 +199,7 @@ def _stale(cluster: Cluster, executor_id: str, stale_after: float) -> bool:
     with app_db().engine.connect() as conn:
         now = heartbeat.now_ms(conn)
         beat = conn.execute(
-            sa.select(heartbeat.executor_leases.c.beat_ms).where(heartbeat.executor_leases.c.executor_id == executor_id)
+            sa.select(executor_leases.c.beat_ms).where(executor_leases.c.executor_id == executor_id)
         ).scalar_one()
     return bool(now - beat > stale_after * 1000)
 
