@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 
@@ -60,7 +60,7 @@ def http_ok(url: str) -> bool:
         return False
 
 
-def stop(process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+def stop(process: subprocess.Popen[Any], timeout: float = 10.0) -> None:
     if process.poll() is None:
         process.terminate()
         try:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import platform
 import resource
 import secrets
 import sqlite3
@@ -17,7 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -31,8 +30,9 @@ from psycopg import sql
 
 from agent import runtime
 from agent.domain import RefundRequest
-from agent.processes import free_port, http_ok, wait_for
+from agent.processes import free_port, http_ok, stop, wait_for
 from agent.settings import Settings
+from benchmarks import http_load
 from steps.refunds import register_request
 from steps.seed import seed
 from steps.store import app_db, customers, orders
@@ -121,12 +121,7 @@ def sandbox(workdir: Path) -> Iterator[str]:
         wait_for(lambda: http_ok(f"{base}/_sandbox/healthz"), timeout=60, what="the payments sandbox")
         yield base
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, 20)
         log.close()
 
 
@@ -281,15 +276,6 @@ def median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def percentile(values: Sequence[float], p: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * p / 100
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
-
-
 def fmt(value: float | None, digits: int = 1) -> str:
     if value is None:
         return "n/a"
@@ -303,21 +289,9 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 def environment() -> dict[str, Any]:
-    commit = None
-    with suppress(OSError, subprocess.SubprocessError):
-        commit = (
-            subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5, check=False
-            ).stdout.strip()
-            or None
-        )
-    return {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "load_average": [round(x, 2) for x in os.getloadavg()],
-        "commit": commit,
-    }
+    env = http_load.environment()
+    env["load_average"] = env.pop("load_average_at_end")
+    return env
 
 
 def utc_stamp() -> str:

@@ -31,10 +31,12 @@ import sqlalchemy as sa
 
 from agent import approvals, runtime
 from agent.domain import PHASE_EVENT
+from agent.processes import stop
 from agent.settings import Settings
 from agent.submit import submit_refund
 from benchmarks import harness
-from benchmarks.harness import APPROVAL_AMOUNT, AUTO_AMOUNT, Databases, percentile
+from benchmarks.harness import APPROVAL_AMOUNT, AUTO_AMOUNT, Databases
+from benchmarks.http_load import percentile
 from steps.store import close_app_database, create_engine, open_app_database
 
 
@@ -82,13 +84,7 @@ class Worker:
         return t
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop(self.proc, 20)
 
 
 def _env(dbs: Databases, sandbox_url: str, workdir: Path, executor: str, **extra: str) -> dict[str, str]:
@@ -250,12 +246,7 @@ def queue_experiment(*, server: str, sandbox_url: str, workdir: Path, parked: in
                     "waited_s": round(waited, 1),
                 }
         finally:
-            proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc, 20)
 
 
 def _submit(client: Any, key: str, amount: Any, settings: Settings) -> str:

@@ -15,7 +15,8 @@ from typing import Any
 
 from benchmarks import harness
 from benchmarks.cost import Bench, started_bench
-from benchmarks.harness import median, percentile
+from benchmarks.harness import median
+from benchmarks.http_load import percentile
 
 VARIANTS = ("dbos", "langgraph")
 

@@ -37,6 +37,7 @@ import psycopg
 from psycopg import sql
 
 from agent.processes import free_port, http_ok, wait_for
+from benchmarks.http_load import percentile
 
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -62,16 +63,6 @@ def fresh_databases(server: str) -> Iterator[tuple[str, str]]:
         with psycopg.connect(admin, autocommit=True) as conn:
             for name in names:
                 conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-
-
-def percentile(values: list[float], p: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * p / 100
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 def run_once(server: str, refunds: int, workers: int, concurrency: int, workdir: Path) -> dict[str, Any]:
