@@ -115,9 +115,13 @@ def test_worker_killed_for_good_survivors_finish_all_fifty_refunds_once(env: Env
         done = cluster.client.list_workflows(status="SUCCESS", load_input=False, load_output=False)
         return [w.workflow_id for w in running] if running and len(done) >= 5 else None
 
-    taken_from_b = wait_for(b_has_work, timeout=120, what="worker-b to be mid-way through refunds")
+    wait_for(b_has_work, timeout=120, what="worker-b to be mid-way through refunds")
     doomed.send_signal(signal.SIGKILL)
     assert wait_for(doomed.poll, timeout=30, what="worker-b to die") == -signal.SIGKILL
+    # Read after the kill: a refund worker-b finished between the first read and the signal is its own.
+    stranded = cluster.client.list_workflows(status="PENDING", executor_id="worker-b", load_input=False)
+    taken_from_b = [w.workflow_id for w in stranded]
+    assert taken_from_b
 
     final = cluster.wait_done(list(refunds))
     assert {w.status for w in final.values()} == {"SUCCESS"}
