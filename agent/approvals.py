@@ -11,6 +11,7 @@ from dbos import DBOS, DBOSClient
 
 from agent import tokens
 from agent.domain import PHASE_EVENT, ApprovalRecord, Phase, Verdict
+from agent.offloop import call
 from agent.parking import queue_slot_released
 from steps.faults import crash_point
 from steps.notify import notify_approvers_step, slack_approvers_step, slack_enabled
@@ -42,10 +43,16 @@ class ApprovalSettings:
     public_url: str
 
 
-async def await_decision(refund_id: str, verdict: Verdict, *, reason: str, config: ApprovalSettings) -> ApprovalRecord:
-    """Workflow side: publish the request, notify, wait (durably), escalate once, then expire."""
+async def await_decision(
+    refund_id: str, verdict: Verdict, *, reason: str, config: ApprovalSettings, publish_phase: bool = False
+) -> ApprovalRecord:
+    """Workflow side: publish the request, notify, wait (durably), escalate once, then expire.
+
+    ``publish_phase`` keeps the phase event that refunds started before the lean-checkpoints patch
+    published here; later refunds show their phase through the refund's row (``open_approval``).
+    """
     escalate_after, timeout = config.escalate_after, config.timeout
-    window = open_approval_step(refund_id, escalate_after=escalate_after, timeout=timeout)
+    window = await call(open_approval_step, refund_id, escalate_after=escalate_after, timeout=timeout)
     claims = tokens.ApprovalClaims(
         refund_id=refund_id, amount=verdict.amount, currency=verdict.currency, expires_at=window.expires_at
     )
@@ -63,23 +70,23 @@ async def await_decision(refund_id: str, verdict: Verdict, *, reason: str, confi
             "expires_at": window.expires_at.isoformat(),
         },
     )
-    await DBOS.set_event_async(PHASE_EVENT, Phase.AWAITING_APPROVAL.value)  # after the request it refers to
+    if publish_phase:
+        await DBOS.set_event_async(PHASE_EVENT, Phase.AWAITING_APPROVAL.value)  # after the request it refers to
     money = format_money(verdict.amount, verdict.currency)
     text = f"Refund {refund_id} of {money} needs approval: {reason}"
-    notify_approvers_step(refund_id, kind="request", text=f"{text}\nDecide: {link}")
+    await call(notify_approvers_step, refund_id, kind="request", text=f"{text}\nDecide: {link}")
     if slack_enabled():
-        slack_approvers_step(refund_id, text=text, link=link, token=token)
+        await call(slack_approvers_step, refund_id, text=text, link=link, token=token)
     with queue_slot_released():  # waiting for a person must not keep other refunds from starting
         message = await DBOS.recv_async(APPROVAL_TOPIC, timeout_seconds=escalate_after)
         if message is None:
-            notify_approvers_step(
-                refund_id, kind="escalation", text=f"Escalation: refund {refund_id} of {money} is still waiting: {link}"
-            )
+            escalation = f"Escalation: refund {refund_id} of {money} is still waiting: {link}"
+            await call(notify_approvers_step, refund_id, kind="escalation", text=escalation)
             message = await DBOS.recv_async(APPROVAL_TOPIC, timeout_seconds=max(timeout - escalate_after, 0.0))
     if message is not None:
         crash_point("after_approval_received")
     # The recorded row is the decision; the message only wakes us. Expiry is recorded unless a person won.
-    return settle_approval_step(refund_id, amount=verdict.amount, currency=verdict.currency)
+    return await call(settle_approval_step, refund_id, amount=verdict.amount, currency=verdict.currency)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from pydantic_ai.models import Model
 
 from agent import policy
 from agent.domain import RefundProposal, RefundRequest
+from agent.offloop import call
 from steps.faults import crash_point
 from steps.orders import load_order_step, refund_history_step
 from steps.records import OrderSnapshot
@@ -42,9 +43,9 @@ class AgentDeps:
     """The order as first read in this run (a step; on replay the same value comes back)."""
 
 
-def _load(ctx: RunContext[AgentDeps]) -> OrderSnapshot | None:
+async def _load(ctx: RunContext[AgentDeps]) -> OrderSnapshot | None:
     if ctx.deps.snapshot is None:
-        ctx.deps.snapshot = load_order_step(ctx.deps.request.order_id)
+        ctx.deps.snapshot = await call(load_order_step, ctx.deps.request.order_id)
     return ctx.deps.snapshot
 
 
@@ -70,7 +71,7 @@ async def get_order(ctx: RunContext[AgentDeps], order_id: str) -> dict[str, Any]
     crash_point("after_model_response")
     if order_id != ctx.deps.request.order_id:
         return {"error": "only the order named in this refund request can be looked up"}
-    snapshot = _load(ctx)
+    snapshot = await _load(ctx)
     if snapshot is None:
         return {"error": f"order {order_id} does not exist"}
     return _order_view(snapshot, ctx.deps.limits)
@@ -78,12 +79,12 @@ async def get_order(ctx: RunContext[AgentDeps], order_id: str) -> dict[str, Any]
 
 async def get_refund_history(ctx: RunContext[AgentDeps]) -> dict[str, Any]:
     """The customer's earlier refund requests (newest first)."""
-    snapshot = _load(ctx)
+    snapshot = await _load(ctx)
     if snapshot is None:
         return {"earlier_refunds": [], "count": 0}
     history = [
         {"order_id": h.order_id, "amount": f"{h.amount} {h.currency}", "status": h.status}
-        for h in refund_history_step(snapshot.order.customer_id)
+        for h in await call(refund_history_step, snapshot.order.customer_id)
         if h.refund_id != ctx.deps.refund_id
     ]
     return {"earlier_refunds": history, "count": len(history)}
@@ -95,7 +96,7 @@ async def request_refund(ctx: RunContext[AgentDeps], amount: Decimal) -> dict[st
     Nothing is paid here: the payment happens after your answer, only if policy and, when needed,
     a person allow it.
     """
-    snapshot = _load(ctx)
+    snapshot = await _load(ctx)
     if snapshot is None:
         return {"verdict": "refuse", "reasons": ["the order does not exist"]}
     order = snapshot.order

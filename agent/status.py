@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
-from dbos import DBOSClient
+from dbos import DBOSClient, WorkflowStatus
 
 from agent.approvals import APPROVAL_EVENT
 from agent.domain import OUTCOME_EVENT, PHASE_EVENT
@@ -14,7 +14,8 @@ from steps.records import from_minor
 from steps.refunds import recorded_decision
 from steps.store import app_db, refunds
 
-_TERMINAL = {"CANCELLED": "cancelled", "ERROR": "failed", "MAX_RECOVERY_ATTEMPTS_EXCEEDED": "failed"}
+TERMINAL = {"CANCELLED": "cancelled", "ERROR": "failed", "MAX_RECOVERY_ATTEMPTS_EXCEEDED": "failed"}
+_RUNNING = ("PENDING", "DELAYED")
 
 
 def _ms(value: int | None) -> str | None:
@@ -37,18 +38,45 @@ def step_timeline(client: DBOSClient, refund_id: str) -> list[dict[str, Any]]:
     ]
 
 
+def phase_of(
+    client: DBOSClient, workflow: WorkflowStatus | None, row_status: str | None, *, pending: object
+) -> tuple[str, Any]:
+    """A workflow's phase and outcome as callers see them.
+
+    Refunds publish their phase in the refund's row, in the same transaction as each step's effect,
+    and their outcome as the workflow's result; refunds started before the lean-checkpoints patch also
+    published both as events, which still count. ``pending`` is the approval request event, if any:
+    the row says ``awaiting_approval`` a moment before the request it refers to is published.
+    """
+    if workflow is None:
+        return row_status or "received", None
+    if workflow.status in TERMINAL:
+        return TERMINAL[workflow.status], None
+    outcome = workflow.output if workflow.status == "SUCCESS" and isinstance(workflow.output, dict) else None
+    outcome = outcome or client.get_event(workflow.workflow_id, OUTCOME_EVENT, timeout_seconds=0)
+    if isinstance(outcome, dict) and outcome.get("status"):
+        return str(outcome["status"]), outcome
+    event = client.get_event(workflow.workflow_id, PHASE_EVENT, timeout_seconds=0)
+    phase = row_status or "received"
+    if phase == "received" and workflow.status in _RUNNING:
+        phase = "deciding"
+    if phase == "awaiting_approval" and not pending:
+        phase = "deciding"
+    return (str(event) if event and phase in ("received", "deciding") else phase), None
+
+
 def refund_status(client: DBOSClient, refund_id: str) -> dict[str, Any] | None:
     with app_db().engine.connect() as conn:
         row = conn.execute(sa.select(refunds).where(refunds.c.refund_id == refund_id)).first()
         decision = recorded_decision(conn, refund_id)
-    workflows = client.list_workflows(workflow_ids=[refund_id], load_input=False, load_output=False)
+    workflows = client.list_workflows(workflow_ids=[refund_id], load_input=False, load_output=True)
     if row is None and not workflows:
         return None
-    phase = client.get_event(refund_id, PHASE_EVENT, timeout_seconds=0) or (row.status if row else "received")
-    if workflows and workflows[0].status in _TERMINAL:
-        phase = _TERMINAL[workflows[0].status]
     pending = client.get_event(refund_id, APPROVAL_EVENT, timeout_seconds=0)
-    outcome = client.get_event(refund_id, OUTCOME_EVENT, timeout_seconds=0)
+    # The newest run speaks for the refund: a fork carries on where its original stopped.
+    forks = client.list_workflows(forked_from=refund_id, load_input=False, load_output=True) if workflows else []
+    latest = max(forks, key=lambda wf: wf.created_at or 0) if forks else (workflows[0] if workflows else None)
+    phase, outcome = phase_of(client, latest, row.status if row else None, pending=pending)
     currency = row.currency if row else None
     amount_minor = (row.proposed_amount_minor or row.requested_amount_minor) if row else None
     return {
@@ -74,6 +102,6 @@ def refund_status(client: DBOSClient, refund_id: str) -> dict[str, Any] | None:
             "idempotency_key": row.idempotency_key if row else None,
         },
         "outcome": outcome,
-        "executor_id": workflows[0].executor_id if workflows else None,
+        "executor_id": latest.executor_id if latest else None,
         "steps": step_timeline(client, refund_id) if workflows else [],
     }

@@ -29,7 +29,8 @@ from agent.domain import ApprovalRecord, RefundProposal, RefundRequest
 from agent.offline import offline_model
 from agent.runtime import Runtime
 from agent.workflow import policy_verdict, refund_workflow
-from steps.notify import notify_customer_step
+from steps.notify import CustomerMessage
+from steps.orders import load_order_step
 from steps.payments import issue_refund_step
 from steps.refunds import prepare_payment_step, record_decision, record_payment_step, record_verdict_step
 
@@ -104,9 +105,11 @@ def plain_agent() -> Agent[AgentDeps, RefundProposal]:
 
 async def plain_refund(refund_id: str, request: RefundRequest, rt: Runtime) -> dict[str, Any]:
     """``refund_workflow``'s auto-approve path, line by line, outside any workflow."""
-    run = await plain_agent().run(prompt_for(request), deps=AgentDeps(refund_id, request, rt.limits))
+    deps = AgentDeps(refund_id, request, rt.limits)
+    run = await plain_agent().run(prompt_for(request), deps=deps)
     proposal = run.output
-    verdict = policy_verdict(request, proposal, rt.limits)
+    snapshot = deps.snapshot if deps.snapshot is not None else load_order_step(request.order_id)
+    verdict = policy_verdict(proposal, snapshot, rt.limits)
     record_verdict_step(
         refund_id,
         proposal=proposal.model_dump(mode="json"),
@@ -130,8 +133,8 @@ async def plain_refund(refund_id: str, request: RefundRequest, rt: Runtime) -> d
         currency=verdict.currency,
         first_attempt_at=plan.first_attempt_at,
     )
-    record_payment_step(refund_id, order.order_id, payment)
-    notify_customer_step(refund_id, customer_id=order.customer_id, text=proposal.customer_reply)
+    message = CustomerMessage(customer_id=order.customer_id, text=proposal.customer_reply)
+    record_payment_step(refund_id, order.order_id, payment, notify=message)
     return {"refund_id": refund_id, "status": "completed", "provider_refund_id": payment.provider_refund_id}
 
 

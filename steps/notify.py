@@ -53,9 +53,20 @@ def notify_approvers_step(refund_id: str, *, kind: str, text: str) -> None:
     _queue(f"{refund_id}:approvers:{kind}", refund_id, "approvers", "approvers", text)
 
 
+@dataclass(frozen=True)
+class CustomerMessage:
+    customer_id: str
+    text: str
+
+
+def queue_customer_message(refund_id: str, message: CustomerMessage) -> None:
+    """Queue the refund's one message to its customer in the caller's transaction."""
+    _queue(f"{refund_id}:customer", refund_id, "email", message.customer_id, message.text)
+
+
 @transaction("notify.customer")
 def notify_customer_step(refund_id: str, *, customer_id: str, text: str) -> None:
-    _queue(f"{refund_id}:customer", refund_id, "email", customer_id, text)
+    queue_customer_message(refund_id, CustomerMessage(customer_id, text))
 
 
 def messages(conn: sa.Connection, refund_id: str) -> list[dict[str, str]]:

@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict
 
 from steps import audit
+from steps.notify import CustomerMessage, queue_customer_message
 from steps.orders import ORDER_QUERY, order_from_row
 from steps.records import ApprovalRecord, OrderSnapshot, ProviderRefund, from_minor, to_minor
 from steps.store import app_db, approval_decisions, insert_if_absent, orders, refunds, session, transaction, utc
@@ -220,7 +221,10 @@ def prepare_payment_step(refund_id: str, order_id: str, *, amount: Decimal, curr
 
 
 @transaction("refunds.record_payment")
-def record_payment_step(refund_id: str, order_id: str, payment: ProviderRefund) -> None:
+def record_payment_step(
+    refund_id: str, order_id: str, payment: ProviderRefund, *, notify: CustomerMessage | None = None
+) -> None:
+    """Book the provider's refund against the order (once per provider refund id); queue ``notify`` with it."""
     now = datetime.now(UTC)
     minor = to_minor(payment.amount, payment.currency)
     recorded = (
@@ -243,10 +247,21 @@ def record_payment_step(refund_id: str, order_id: str, payment: ProviderRefund) 
         idempotency_key=payment.idempotency_key,
     )
     audit.append(session(), refund_id=refund_id, event="refund_paid", payload=payment.model_dump(), now=now)
+    if notify is not None:
+        queue_customer_message(refund_id, notify)
 
 
 @transaction("refunds.record_outcome")
-def record_outcome_step(refund_id: str, *, status: Literal["rejected", "failed", "cancelled"], detail: str) -> None:
+def record_outcome_step(
+    refund_id: str,
+    *,
+    status: Literal["rejected", "failed", "cancelled"],
+    detail: str,
+    notify: CustomerMessage | None = None,
+) -> None:
+    """Record how the refund ended without paying; queue ``notify`` with it."""
     now = datetime.now(UTC)
     _touch(refund_id, now, status=status, reserved_amount_minor=None)  # whatever was held is released
     audit.append(session(), refund_id=refund_id, event=f"refund_{status}", payload={"detail": detail}, now=now)
+    if notify is not None:
+        queue_customer_message(refund_id, notify)

@@ -30,11 +30,11 @@ from tests.test_scale import assert_paid_once_each
 SOURCE = Path(__file__).resolve().parents[1]
 PINNED_VERSION = "compat-1"
 
-DECIDING = "    await DBOS.set_event_async(PHASE_EVENT, Phase.DECIDING.value)\n"
+DECIDING = "    deps = AgentDeps(refund_id, req, rt.limits)\n"
 APPROVED = (
-    "        decision = await approvals.await_decision(refund_id, verdict, reason=proposal.reason, "
-    "config=rt.approvals)\n"
+    "            refund_id, verdict, reason=proposal.reason, config=rt.approvals, publish_phase=not lean\n        )\n"
 )
+LEAN = "    lean = await DBOS.patch_async(LEAN_CHECKPOINTS)\n"
 RELEASE_B_STEPS = """
 
 @DBOS.step(name="release_b.intake_note")
@@ -89,9 +89,39 @@ def step_names(cluster: Cluster, refund_id: str) -> list[str]:
     return [s["function_name"] for s in cluster.client.list_workflow_steps(refund_id, load_output=False)]
 
 
-def park_on_a_then_start_b(cluster: Cluster, root: Path) -> list[str]:
+def build_release_before_lean_checkpoints(root: Path) -> Path:
+    """A copy of the source tree as it ran before the lean-checkpoints patch: every refund takes the old path."""
+    for package in ("agent", "steps", "sandbox"):
+        shutil.copytree(SOURCE / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
+    workflow = root / "agent" / "workflow.py"
+    code = workflow.read_text()
+    assert LEAN in code, "the refund workflow changed: update the upgrade test's anchors"
+    workflow.write_text(code.replace(LEAN, "    lean = False\n"))
+    return root
+
+
+def start_release(cluster: Cluster, name: str, root: Path) -> subprocess.Popen[bytes]:
+    cluster.logs.mkdir(parents=True, exist_ok=True)
+    log = (cluster.logs / f"{name}.log").open("ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent.cli", "worker"],
+        cwd=root,  # `python -m` puts the working directory first on sys.path: that release's code is imported
+        env={**cluster.vars, "REFUND_AGENT_EXECUTOR_ID": name, "QUEUE_WORKER_CONCURRENCY": "8"},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    log.close()  # the child holds its own copy of the descriptor
+    cluster.procs[name] = proc
+    cluster.wait_running(name, proc)
+    return proc
+
+
+def park_on_a_then_start_b(cluster: Cluster, root: Path, *, release_a_root: Path | None = None) -> list[str]:
     """Three refunds parked for approval on release A; A stopped; release B running and holding them."""
-    release_a = cluster.worker("release-a", QUEUE_WORKER_CONCURRENCY="8")
+    if release_a_root is None:
+        release_a = cluster.worker("release-a", QUEUE_WORKER_CONCURRENCY="8")
+    else:
+        release_a = start_release(cluster, "release-a", release_a_root)
     parked = [f"upgrade-{i}" for i in range(3)]
     request = RefundRequest(order_id="ord_1002", message="Please refund 150.00", amount=Decimal("150.00"))
     for refund_id in parked:
@@ -103,17 +133,7 @@ def park_on_a_then_start_b(cluster: Cluster, root: Path) -> list[str]:
     assert {w.status for w in cluster.statuses(parked).values()} == {"PENDING"}
     assert cluster.leases()["release-a"].state == heartbeat.STOPPED
 
-    log = (cluster.logs / "release-b.log").open("ab")
-    release_b = subprocess.Popen(
-        [sys.executable, "-m", "agent.cli", "worker"],
-        cwd=root,  # `python -m` puts the working directory first on sys.path: release B's code is imported
-        env={**cluster.vars, "REFUND_AGENT_EXECUTOR_ID": "release-b", "QUEUE_WORKER_CONCURRENCY": "8"},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    log.close()  # the child holds its own copy of the descriptor
-    cluster.procs["release-b"] = release_b
-    cluster.wait_running("release-b", release_b)
+    start_release(cluster, "release-b", root)
     # Release B's sweep hands the stopped executor's refunds to the queue, and B takes them.
     wait_for(
         lambda: {w.executor_id for w in cluster.statuses(parked).values()} == {"release-b"},
@@ -154,3 +174,28 @@ def test_the_same_change_without_a_patch_fails_refunds_started_on_a_and_pays_not
     final = cluster.wait_done(parked)
     assert {w.status for w in final.values()} == {"ERROR"}  # replay found a step where A had recorded another
     assert env.sandbox.stats().get("create_requests", 0) == 0
+
+
+def test_refunds_parked_before_the_lean_checkpoints_patch_finish_on_the_old_path_and_pay_once(
+    env: Env, cluster: Cluster, tmp_path: Path
+) -> None:
+    old = build_release_before_lean_checkpoints(tmp_path / "release-a")
+    parked = park_on_a_then_start_b(cluster, SOURCE, release_a_root=old)
+    request = RefundRequest(order_id="ord_1002", message="Please refund 150.00", amount=Decimal("150.00"))
+    fresh = "upgrade-fresh"
+    submit_refund(cluster.client, idempotency_key=fresh, request=request, app_version=PINNED_VERSION)
+    wait_for(lambda: approvals.pending_request(cluster.client, fresh), timeout=90, what="the new refund to park")
+    approvals.decide_pending(cluster.client, refund_id=fresh, decision="approve", approver="dana")
+
+    final = cluster.wait_done([*parked, fresh])
+    assert {w.status for w in final.values()} == {"SUCCESS"}
+    assert_paid_once_each(env, cluster, dict.fromkeys([*parked, fresh], "ord_1002"))
+    for refund_id in parked:  # started before the patch: phase events and a separate customer notification
+        names = step_names(cluster, refund_id)
+        assert "DBOS.patch-lean-checkpoints" not in names
+        assert names.count("DBOS.setEvent") == 6 and names.count("notify.customer") == 1
+        assert cluster.client.get_event(refund_id, "phase", timeout_seconds=0) == "completed"
+    names = step_names(cluster, fresh)  # started after it: one approval-request event, the message rides the book
+    assert names[0] == "DBOS.patch-lean-checkpoints"
+    assert names.count("DBOS.setEvent") == 1 and "notify.customer" not in names
+    assert names.count("orders.load_order") == 1

@@ -30,11 +30,21 @@ def _workflow(client: DBOSClient, refund_id: str) -> Any:
 
 
 def _record(refund_id: str, event: str, payload: dict[str, Any], status: str | None = None) -> None:
+    """Append the action to the audit log; a new ``status`` for the refund's row keeps the one it replaces."""
     now = datetime.now(UTC)
     with app_db().engine.begin() as conn:
         if status is not None:
+            before = conn.execute(sa.select(refunds.c.status).where(refunds.c.refund_id == refund_id)).scalar()
+            payload = {**payload, "status_before": before}
             conn.execute(refunds.update().where(refunds.c.refund_id == refund_id).values(status=status, updated_at=now))
         audit.append(conn, refund_id=refund_id, event=event, payload=payload, now=now)
+
+
+def _status_before_cancel(refund_id: str) -> str | None:
+    with app_db().engine.connect() as conn:
+        cancelled = [e for e in audit.entries(conn, refund_id) if e.event == "operator_cancelled"]
+    before = cancelled[-1].payload.get("status_before") if cancelled else None
+    return str(before) if before else None
 
 
 def cancel(client: DBOSClient, refund_id: str, *, operator: str) -> None:
@@ -54,7 +64,8 @@ def resume(client: DBOSClient, refund_id: str, *, operator: str) -> None:
     if wf.status not in RESUMABLE:  # resuming a running workflow would start a second execution of it
         raise ActionError(f"refund {refund_id} is {wf.status.lower()}; only a cancelled or stuck refund is resumed")
     client.resume_workflow(refund_id, queue_name=REFUND_QUEUE)
-    phase = client.get_event(refund_id, PHASE_EVENT, timeout_seconds=0)
+    # The row shows where the refund was when it was cancelled (a resumed step that runs again updates it).
+    phase = _status_before_cancel(refund_id) or client.get_event(refund_id, PHASE_EVENT, timeout_seconds=0)
     _record(refund_id, "operator_resumed", {"operator": operator}, str(phase) if phase else "received")
 
 

@@ -11,8 +11,7 @@ import sqlalchemy as sa
 from dbos import DBOSClient, WorkflowStatus
 
 from agent import approvals
-from agent.domain import OUTCOME_EVENT, PHASE_EVENT
-from agent.status import _TERMINAL, refund_status, step_timeline
+from agent.status import refund_status, step_timeline
 from steps import audit
 from steps.payments import idempotency_key
 from steps.records import format_money, from_minor
@@ -176,11 +175,6 @@ def refund_detail(client: DBOSClient, refund_id: str) -> dict[str, Any] | None:
         chain = audit.verify(conn)
     runs = client.list_workflows(workflow_ids=[refund_id], load_input=False, load_output=False)
     forks = client.list_workflows(forked_from=refund_id, load_input=False, load_output=False)
-    if forks:  # the newest run speaks for the refund: a fork carries on where its original stopped
-        latest = max(forks, key=lambda wf: wf.created_at or 0)
-        phase = client.get_event(latest.workflow_id, PHASE_EVENT, timeout_seconds=0)
-        status["status"] = _TERMINAL.get(latest.status) or phase or "received"
-        status["outcome"] = client.get_event(latest.workflow_id, OUTCOME_EVENT, timeout_seconds=0)
     verdict = next((e.payload for e in reversed(entries) if e.event == "policy_verdict"), None)
     order_id = status["order_id"]
     return {

@@ -31,7 +31,7 @@ from agent.domain import RefundProposal, RefundRequest
 from agent.evals.cases import DatasetFile, EvalCase, OrderSpec
 from agent.submit import SubmissionError, checked_request
 from agent.workflow import policy_verdict
-from steps.orders import get_order
+from steps.orders import get_order, load_order_step
 from steps.records import to_minor
 from steps.store import app_db, close_app_database, customers, metadata, open_app_database, orders
 
@@ -180,7 +180,8 @@ class CaseRunner:
                 return self._traced(outcome, captured, *_usage_from_messages(captured))
         usage = run_usage(result)
         proposal = result.output
-        verdict = policy_verdict(request, proposal, self.limits)  # exactly as the workflow does
+        snapshot = deps.snapshot if deps.snapshot is not None else load_order_step(request.order_id)
+        verdict = policy_verdict(proposal, snapshot, self.limits)  # exactly as the workflow does
         outcome = CaseOutcome(
             order_id=order.id,
             stage="decided",
