@@ -4,9 +4,9 @@ The graph is LangGraph's usual agent loop (a model node and a tool node, as in `
 followed by one node per external call of ``refund_workflow``, so LangGraph checkpoints after each model
 request, each tool call and each step, as DBOS does:
 
-    model <-> tools  ->  policy (order re-read)  ->  record_verdict
+    model <-> tools  ->  record_verdict (policy on the tools' order read)
       -> [open_approval -> notify_approvers -> await_approval (interrupt) -> settle_approval]
-      -> prepare_payment -> pay -> record_payment -> notify_customer
+      -> prepare_payment -> pay -> record_payment (with the customer's message)
 
 Model requests go to the same offline model function; tools do what the agent's tools do (same order
 lookup and refund history through the same step functions, same policy call); every application
@@ -48,7 +48,7 @@ from agent import policy
 from agent.brain import INSTRUCTIONS, _order_view, prompt_for
 from agent.domain import RefundProposal, RefundRequest, Verdict
 from agent.offline import offline_model_function
-from steps.notify import notify_approvers_step, notify_customer_step
+from steps.notify import CustomerMessage, notify_approvers_step
 from steps.orders import load_order_step, refund_history_step
 from steps.payments import issue_refund_step
 from steps.records import OrderSnapshot, ProviderRefund
@@ -170,13 +170,14 @@ def tools_node(state: RefundState) -> RefundState:
 
 
 def after_model(state: RefundState) -> str:
-    return "policy" if state.get("proposal") else "tools"
+    return "record_verdict" if state.get("proposal") else "tools"
 
 
-def policy_node(state: RefundState) -> RefundState:
+def record_verdict_node(state: RefundState) -> RefundState:
+    """Policy on the order the tools read (as the workflow judges the agent's own read), then the record."""
     request = RefundRequest.model_validate(state["request"])
     proposal = RefundProposal.model_validate(state["proposal"])
-    snapshot = load_order_step(request.order_id)
+    snapshot = _snapshot(state, request.order_id)
     assert snapshot is not None
     verdict = policy.decide(
         amount=proposal.amount,
@@ -184,13 +185,9 @@ def policy_node(state: RefundState) -> RefundState:
         order=snapshot.order,
         as_of=snapshot.as_of,
         limits=ctx.limits,
-    )
-    return {"verdict": verdict.model_dump(mode="json")}
-
-
-def record_verdict_node(state: RefundState) -> RefundState:
-    record_verdict_step(state["refund_id"], proposal=state["proposal"], verdict=state["verdict"], model=ctx.model_label)
-    return {}
+    ).model_dump(mode="json")
+    record_verdict_step(state["refund_id"], proposal=state["proposal"], verdict=verdict, model=ctx.model_label)
+    return {"verdict": verdict}
 
 
 def after_verdict(state: RefundState) -> str:
@@ -262,18 +259,13 @@ def pay_node(state: RefundState) -> RefundState:
 
 
 def record_payment_node(state: RefundState) -> RefundState:
+    """The book and the customer's message in one transaction, as the workflow records them."""
     request = RefundRequest.model_validate(state["request"])
-    record_payment_step(state["refund_id"], request.order_id, ProviderRefund.model_validate(state["payment"]))
-    return {}
-
-
-def notify_customer_node(state: RefundState) -> RefundState:
     plan = PaymentPlan.model_validate(state["plan"])
     assert plan.snapshot is not None
-    notify_customer_step(
-        state["refund_id"], customer_id=plan.snapshot.order.customer_id, text=state["proposal"]["customer_reply"]
-    )
+    message = CustomerMessage(customer_id=plan.snapshot.order.customer_id, text=state["proposal"]["customer_reply"])
     payment = state["payment"]
+    record_payment_step(state["refund_id"], request.order_id, ProviderRefund.model_validate(payment), notify=message)
     return {"outcome": {"status": "completed", "provider_refund_id": payment["provider_refund_id"]}}
 
 
@@ -282,7 +274,6 @@ def build_graph(checkpointer: BaseCheckpointSaver[Any] | None) -> CompiledStateG
     nodes = {
         "model": model_node,
         "tools": tools_node,
-        "policy": policy_node,
         "record_verdict": record_verdict_node,
         "open_approval": open_approval_node,
         "notify_approvers": notify_approvers_node,
@@ -291,14 +282,12 @@ def build_graph(checkpointer: BaseCheckpointSaver[Any] | None) -> CompiledStateG
         "prepare_payment": prepare_payment_node,
         "pay": pay_node,
         "record_payment": record_payment_node,
-        "notify_customer": notify_customer_node,
     }
     for name, fn in nodes.items():
         g.add_node(name, fn)
     g.add_edge(START, "model")
-    g.add_conditional_edges("model", after_model, ["tools", "policy"])
+    g.add_conditional_edges("model", after_model, ["tools", "record_verdict"])
     g.add_edge("tools", "model")
-    g.add_edge("policy", "record_verdict")
     g.add_conditional_edges("record_verdict", after_verdict, ["open_approval", "prepare_payment"])
     g.add_edge("open_approval", "notify_approvers")
     g.add_edge("notify_approvers", "await_approval")
@@ -306,8 +295,7 @@ def build_graph(checkpointer: BaseCheckpointSaver[Any] | None) -> CompiledStateG
     g.add_edge("settle_approval", "prepare_payment")
     g.add_edge("prepare_payment", "pay")
     g.add_edge("pay", "record_payment")
-    g.add_edge("record_payment", "notify_customer")
-    g.add_edge("notify_customer", END)
+    g.add_edge("record_payment", END)
     return g.compile(checkpointer=checkpointer)
 
 

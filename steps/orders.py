@@ -1,4 +1,4 @@
-"""Reads of the order store: each is one DBOS datasource transaction (a step inside a workflow)."""
+"""Reads of the order store: each is one DBOS step inside a workflow (checkpointed in the system database)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from steps.records import Order, OrderSnapshot, PastRefund, from_minor
-from steps.store import customers, orders, refunds, session, transaction, utc
+from steps.store import customers, orders, read_step, refunds, utc
 
 
 def order_from_row(row: Any) -> Order:
@@ -30,19 +30,19 @@ def order_from_row(row: Any) -> Order:
 ORDER_QUERY = sa.select(orders, customers.c.name).join(customers)
 
 
-@transaction("orders.load_order")
-def load_order_step(order_id: str) -> OrderSnapshot | None:
+@read_step("orders.load_order")
+def load_order_step(conn: sa.Connection, order_id: str) -> OrderSnapshot | None:
     """The order as it is now, stamped with the time it was read."""
-    row = session().execute(ORDER_QUERY.where(orders.c.order_id == order_id)).first()
+    row = conn.execute(ORDER_QUERY.where(orders.c.order_id == order_id)).first()
     if row is None:
         return None
     return OrderSnapshot(order=order_from_row(row), as_of=datetime.now(UTC))
 
 
-@transaction("orders.refund_history")
-def refund_history_step(customer_id: str) -> list[PastRefund]:
+@read_step("orders.refund_history")
+def refund_history_step(conn: sa.Connection, customer_id: str) -> list[PastRefund]:
     """The customer's earlier refund requests across all their orders, newest first."""
-    rows = session().execute(
+    rows = conn.execute(
         sa.select(refunds)
         .join(orders, orders.c.order_id == refunds.c.order_id)
         .where(orders.c.customer_id == customer_id)

@@ -6,10 +6,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import wraps
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import sqlalchemy as sa
-from dbos import SQLAlchemyDatasource
+from dbos import DBOS, SQLAlchemyDatasource
 from dbos._datasource import DatasourceOptions
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
@@ -227,5 +227,24 @@ def transaction(name: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
             return datasource.run_tx_step(options, func, *args, **kwargs)
 
         return wrapper
+
+    return decorator
+
+
+def read_step(name: str) -> Callable[[Callable[Concatenate[sa.Connection, P], R]], Callable[P, R]]:
+    """A read of the application database as a DBOS step, checkpointed once, in the system database.
+
+    A datasource transaction would also write a checkpoint row into the application database, turning
+    a read into a committed write, and check ownership on both databases; a read has nothing to
+    commit exactly once (run again after a crash, it only reads again), so it skips all that.
+    """
+
+    def decorator(func: Callable[Concatenate[sa.Connection, P], R]) -> Callable[P, R]:
+        @wraps(func)
+        def read(*args: P.args, **kwargs: P.kwargs) -> R:
+            with app_db().engine.connect() as conn:
+                return func(conn, *args, **kwargs)
+
+        return DBOS.step(name=name)(read)
 
     return decorator
