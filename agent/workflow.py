@@ -16,7 +16,14 @@ from steps.notify import CustomerMessage, notify_customer_step
 from steps.orders import load_order_step
 from steps.payments import idempotency_key, issue_refund_step
 from steps.records import OrderSnapshot
-from steps.refunds import prepare_payment_step, record_outcome_step, record_payment_step, record_verdict_step
+from steps.refunds import (
+    PaymentPlan,
+    prepare_payment_step,
+    record_outcome_step,
+    record_payment_step,
+    record_verdict_and_reserve_step,
+    record_verdict_step,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +53,20 @@ async def refund_workflow(refund_id: str, request: dict[str, Any]) -> dict[str, 
     # The agent's own read of the order (a step) is the one policy judges; the old shape read it again.
     snapshot = deps.snapshot if lean and deps.snapshot is not None else await call(load_order_step, req.order_id)
     verdict = policy_verdict(proposal, snapshot, rt.limits)
-    await call(
-        record_verdict_step,
-        refund_id,
-        proposal=proposal.model_dump(mode="json"),
-        verdict=verdict.model_dump(mode="json"),
-        model=rt.model_label,
-    )
+    record = {"proposal": proposal.model_dump(mode="json"), "verdict": verdict.model_dump(mode="json")}
+    plan: PaymentPlan | None = None
+    if lean and verdict.kind == "auto_approve":  # nothing to wait for: the verdict and the reservation commit together
+        plan = await call(
+            record_verdict_and_reserve_step,
+            refund_id,
+            req.order_id,
+            **record,
+            model=rt.model_label,
+            amount=verdict.amount,
+            currency=verdict.currency,
+        )
+    else:
+        await call(record_verdict_step, refund_id, **record, model=rt.model_label)
     if verdict.kind == "refuse":
         reply = proposal.customer_reply
         return await _finish(refund_id, req, Phase.REJECTED, verdict.summary, reply, lean=lean, snapshot=snapshot)
@@ -68,9 +82,11 @@ async def refund_workflow(refund_id: str, request: dict[str, Any]) -> dict[str, 
             reply = _declined_reply(verdict)
             return await _finish(refund_id, req, Phase.REJECTED, detail, reply, lean=lean, snapshot=snapshot)
 
-    if not lean:
-        await DBOS.set_event_async(PHASE_EVENT, Phase.PAYING.value)
-    plan = await call(prepare_payment_step, refund_id, req.order_id, amount=verdict.amount, currency=verdict.currency)
+    if plan is None:
+        if not lean:
+            await DBOS.set_event_async(PHASE_EVENT, Phase.PAYING.value)
+        amount, currency = verdict.amount, verdict.currency
+        plan = await call(prepare_payment_step, refund_id, req.order_id, amount=amount, currency=currency)
     if plan.snapshot is None:
         reply = _declined_reply(verdict)
         return await _finish(refund_id, req, Phase.FAILED, "the order disappeared", reply, lean=lean, snapshot=None)

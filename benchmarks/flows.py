@@ -32,7 +32,7 @@ from agent.workflow import policy_verdict, refund_workflow
 from steps.notify import CustomerMessage
 from steps.orders import load_order_step
 from steps.payments import issue_refund_step
-from steps.refunds import prepare_payment_step, record_decision, record_payment_step, record_verdict_step
+from steps.refunds import record_decision, record_payment_step, record_verdict_and_reserve_step
 
 # ------------------------------------------------------------------------------------------------ DBOS
 
@@ -110,15 +110,17 @@ async def plain_refund(refund_id: str, request: RefundRequest, rt: Runtime) -> d
     proposal = run.output
     snapshot = deps.snapshot if deps.snapshot is not None else load_order_step(request.order_id)
     verdict = policy_verdict(proposal, snapshot, rt.limits)
-    record_verdict_step(
+    if verdict.kind != "auto_approve":
+        raise RuntimeError(f"benchmark refund {refund_id} was not auto-approved: {verdict.kind}")
+    plan = record_verdict_and_reserve_step(
         refund_id,
+        request.order_id,
         proposal=proposal.model_dump(mode="json"),
         verdict=verdict.model_dump(mode="json"),
         model=rt.model_label,
+        amount=verdict.amount,
+        currency=verdict.currency,
     )
-    if verdict.kind != "auto_approve":
-        raise RuntimeError(f"benchmark refund {refund_id} was not auto-approved: {verdict.kind}")
-    plan = prepare_payment_step(refund_id, request.order_id, amount=verdict.amount, currency=verdict.currency)
     assert plan.snapshot is not None
     order = plan.snapshot.order
     recheck = policy.decide(

@@ -4,9 +4,9 @@ The graph is LangGraph's usual agent loop (a model node and a tool node, as in `
 followed by one node per external call of ``refund_workflow``, so LangGraph checkpoints after each model
 request, each tool call and each step, as DBOS does:
 
-    model <-> tools  ->  record_verdict (policy on the tools' order read)
-      -> [open_approval -> notify_approvers -> await_approval (interrupt) -> settle_approval]
-      -> prepare_payment -> pay -> record_payment (with the customer's message)
+    model <-> tools  ->  record_verdict (policy on the tools' order read; auto-approved: + reservation)
+      -> [open_approval -> notify_approvers -> await_approval (interrupt) -> settle_approval -> prepare_payment]
+      -> pay -> record_payment (with the customer's message)
 
 Model requests go to the same offline model function; tools do what the agent's tools do (same order
 lookup and refund history through the same step functions, same policy call); every application
@@ -57,6 +57,7 @@ from steps.refunds import (
     open_approval_step,
     prepare_payment_step,
     record_payment_step,
+    record_verdict_and_reserve_step,
     record_verdict_step,
     settle_approval_step,
 )
@@ -185,16 +186,28 @@ def record_verdict_node(state: RefundState) -> RefundState:
         order=snapshot.order,
         as_of=snapshot.as_of,
         limits=ctx.limits,
-    ).model_dump(mode="json")
-    record_verdict_step(state["refund_id"], proposal=state["proposal"], verdict=verdict, model=ctx.model_label)
-    return {"verdict": verdict}
+    )
+    record: dict[str, Any] = {
+        "proposal": state["proposal"],
+        "verdict": verdict.model_dump(mode="json"),
+        "model": ctx.model_label,
+    }
+    if verdict.kind != "auto_approve":
+        record_verdict_step(state["refund_id"], **record)
+        return {"verdict": record["verdict"]}
+    # As the workflow does: an auto-approved refund's verdict and reservation commit together.
+    plan = record_verdict_and_reserve_step(
+        state["refund_id"], request.order_id, **record, amount=verdict.amount, currency=verdict.currency
+    )
+    _recheck(state["refund_id"], verdict, plan)
+    return {"verdict": record["verdict"], "plan": plan.model_dump(mode="json")}
 
 
 def after_verdict(state: RefundState) -> str:
     kind = state["verdict"]["kind"]
     if kind == "refuse":
         raise RuntimeError(f"benchmark refund {state['refund_id']} was refused")
-    return "open_approval" if kind == "needs_approval" else "prepare_payment"
+    return "open_approval" if kind == "needs_approval" else "pay"
 
 
 def open_approval_node(state: RefundState) -> RefundState:
@@ -229,6 +242,11 @@ def prepare_payment_node(state: RefundState) -> RefundState:
     request = RefundRequest.model_validate(state["request"])
     verdict = Verdict.model_validate(state["verdict"])
     plan = prepare_payment_step(state["refund_id"], request.order_id, amount=verdict.amount, currency=verdict.currency)
+    _recheck(state["refund_id"], verdict, plan)
+    return {"plan": plan.model_dump(mode="json")}
+
+
+def _recheck(refund_id: str, verdict: Verdict, plan: PaymentPlan) -> None:
     assert plan.snapshot is not None
     recheck = policy.decide(
         amount=verdict.amount,
@@ -238,8 +256,7 @@ def prepare_payment_node(state: RefundState) -> RefundState:
         limits=ctx.limits,
     )
     if recheck.kind == "refuse":
-        raise RuntimeError(f"benchmark refund {state['refund_id']} refused on re-check")
-    return {"plan": plan.model_dump(mode="json")}
+        raise RuntimeError(f"benchmark refund {refund_id} refused on re-check")
 
 
 def pay_node(state: RefundState) -> RefundState:
@@ -288,7 +305,7 @@ def build_graph(checkpointer: BaseCheckpointSaver[Any] | None) -> CompiledStateG
     g.add_edge(START, "model")
     g.add_conditional_edges("model", after_model, ["tools", "record_verdict"])
     g.add_edge("tools", "model")
-    g.add_conditional_edges("record_verdict", after_verdict, ["open_approval", "prepare_payment"])
+    g.add_conditional_edges("record_verdict", after_verdict, ["open_approval", "pay"])
     g.add_edge("open_approval", "notify_approvers")
     g.add_edge("notify_approvers", "await_approval")
     g.add_edge("await_approval", "settle_approval")

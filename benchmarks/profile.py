@@ -1,6 +1,7 @@
 """Where a DBOS refund's time goes: cProfile over sequential refunds, grouped by function.
 
-Reports, per refund, the cumulative time of DBOS's step machinery and the database round trips under it,
+Work the product hands to worker threads runs inline while profiling (``inline_threads``). Reports,
+per refund, the cumulative time of DBOS's step machinery and the database round trips under it,
 and the call counts that explain them (statements executed, commits, transactions started).
 """
 
@@ -8,8 +9,11 @@ from __future__ import annotations
 
 import cProfile
 import pstats
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from benchmarks import harness
 from benchmarks.cost import _run_batch, started_bench
@@ -54,6 +58,22 @@ def _rows(stats: pstats.Stats, refunds: int) -> list[dict[str, Any]]:
     return rows
 
 
+async def _inline(func: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    return func(*args, **kwargs)
+
+
+@contextmanager
+def inline_threads() -> Iterator[None]:
+    """``asyncio.to_thread`` runs its function inline, on the event loop's thread, while profiling.
+
+    The product runs synchronous steps (and DBOS its checkpoint I/O) on worker threads, which cProfile,
+    following one thread, would not see. The profiled refunds run one at a time, so running that work
+    inline changes where it runs, not what it does.
+    """
+    with mock.patch("asyncio.to_thread", _inline):
+        yield
+
+
 async def run_section(*, refunds: int, server: str, sandbox_url: str, workdir: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for backend in harness.BACKENDS:
@@ -62,9 +82,10 @@ async def run_section(*, refunds: int, server: str, sandbox_url: str, workdir: P
                 await _run_batch(bench, "dbos", 3, server)
                 unprofiled = await _run_batch(bench, "dbos", refunds, server)
                 profiler = cProfile.Profile()
-                profiler.enable()
-                profiled = await _run_batch(bench, "dbos", refunds, server)
-                profiler.disable()
+                with inline_threads():
+                    profiler.enable()
+                    profiled = await _run_batch(bench, "dbos", refunds, server)
+                    profiler.disable()
                 stats = pstats.Stats(profiler)
                 out[backend] = {
                     "refunds": refunds,

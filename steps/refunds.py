@@ -82,8 +82,7 @@ def _touch(refund_id: str, now: datetime, **values: Any) -> None:
     session().execute(refunds.update().where(refunds.c.refund_id == refund_id).values(updated_at=now, **values))
 
 
-@transaction("refunds.record_verdict")
-def record_verdict_step(refund_id: str, *, proposal: dict[str, Any], verdict: dict[str, Any], model: str) -> None:
+def _record_verdict(refund_id: str, proposal: dict[str, Any], verdict: dict[str, Any], model: str) -> None:
     now = datetime.now(UTC)
     currency = str(proposal["currency"])
     amount = Decimal(str(proposal["amount"]))
@@ -99,6 +98,11 @@ def record_verdict_step(refund_id: str, *, proposal: dict[str, Any], verdict: di
     )
     audit.append(session(), refund_id=refund_id, event="agent_proposed", payload={**proposal, "model": model}, now=now)
     audit.append(session(), refund_id=refund_id, event="policy_verdict", payload=verdict, now=now)
+
+
+@transaction("refunds.record_verdict")
+def record_verdict_step(refund_id: str, *, proposal: dict[str, Any], verdict: dict[str, Any], model: str) -> None:
+    _record_verdict(refund_id, proposal, verdict, model)
 
 
 @transaction("refunds.open_approval")
@@ -192,6 +196,26 @@ def prepare_payment_step(refund_id: str, order_id: str, *, amount: Decimal, curr
     two refunds of one order on two workers cannot both pass the balance check. The order's row is
     locked on Postgres; SQLite's IMMEDIATE transactions serialize writers anyway.
     """
+    return _reserve(refund_id, order_id, amount=amount, currency=currency)
+
+
+@transaction("refunds.record_verdict_and_reserve")
+def record_verdict_and_reserve_step(
+    refund_id: str,
+    order_id: str,
+    *,
+    proposal: dict[str, Any],
+    verdict: dict[str, Any],
+    model: str,
+    amount: Decimal,
+    currency: str,
+) -> PaymentPlan:
+    """An auto-approved refund has nothing to wait for: its verdict and its reservation commit together."""
+    _record_verdict(refund_id, proposal, verdict, model)
+    return _reserve(refund_id, order_id, amount=amount, currency=currency)
+
+
+def _reserve(refund_id: str, order_id: str, *, amount: Decimal, currency: str) -> PaymentPlan:
     now = datetime.now(UTC)
     row = session().execute(ORDER_QUERY.where(orders.c.order_id == order_id).with_for_update(of=orders)).first()
     started = (
