@@ -237,15 +237,41 @@ def plots(results: dict[str, Any], out_dir: Path, stamp: str) -> list[str]:
     return names
 
 
-def markdown(results: dict[str, Any], json_name: str, png_names: list[str]) -> str:
-    meta = results["meta"]
+SECTIONS = ("cost", "throughput", "parked", "tuning", "profile")
+
+
+def _run_line(meta: dict[str, Any], json_name: str) -> str:
     env = meta["environment"]
-    lines = [
+    return (
         f"Run {meta['started']} to {meta['finished']} UTC, commit `{env['commit']}`, {env['cpus']} CPUs, "
         f"load average {env['load_average']} at the end; command `{meta['command']}`; raw numbers in "
-        f"`results/{json_name}`.",
-        "",
-    ]
+        f"`results/{json_name}`."
+    )
+
+
+def markdown(results: dict[str, Any], json_name: str, png_names: list[str]) -> str:
+    lines = [_run_line(results["meta"], json_name), ""]
+    return "\n".join(lines + _sections(results, png_names))
+
+
+def combined_markdown(documents: list[tuple[str, dict[str, Any]]], png_names: list[str]) -> str:
+    """One block from several runs' results: each section from the last run that has it."""
+    merged: dict[str, Any] = {}
+    source: dict[str, str] = {}
+    for name, results in documents:
+        for section in SECTIONS:
+            if section in results:
+                merged[section], source[section] = results[section], name
+    lines = []
+    for name, results in documents:
+        mine = [section for section in SECTIONS if source.get(section) == name]
+        if mine:
+            lines += [f"Sections {', '.join(mine)}: " + _run_line(results["meta"], name), ""]
+    return "\n".join(lines + _sections(merged, png_names))
+
+
+def _sections(results: dict[str, Any], png_names: list[str]) -> list[str]:
+    lines: list[str] = []
     if "cost" in results:
         lines += ["#### 1. Durability cost per refund", "", *cost_tables(results["cost"]), ""]
         lines += [f"![cost per refund](results/{n})" for n in png_names if "cost" in n] + [""]
@@ -258,7 +284,7 @@ def markdown(results: dict[str, Any], json_name: str, png_names: list[str]) -> s
         lines += ["#### 4. Tuning", "", *tuning_table(results["tuning"]), ""]
     if "profile" in results:
         lines += ["#### Profile of a DBOS refund (cProfile)", "", *profile_table(results["profile"]), ""]
-    return "\n".join(lines)
+    return lines
 
 
 def update_readme(block: str, readme: Path = README) -> None:
@@ -269,3 +295,28 @@ def update_readme(block: str, readme: Path = README) -> None:
     else:
         text = text.rstrip("\n") + "\n\n" + new + "\n"
     readme.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Rebuild the README block from result files of separate runs (later files win per section)."""
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(prog="python -m benchmarks.report", description=main.__doc__)
+    p.add_argument("results", nargs="+", type=Path, help="results/suite-*.json files, oldest first")
+    p.add_argument("--no-readme", action="store_true", help="print the block only")
+    args = p.parse_args(argv)
+    documents = [(path.name, json.loads(path.read_text())) for path in args.results]
+    stamps = [path.stem.removeprefix("suite-") for path in args.results]
+    pngs = sorted(
+        png.name for stamp in stamps for png in args.results[0].parent.glob(f"suite-*-{stamp}.png")
+    )  # fmt: skip
+    block = combined_markdown(documents, pngs)
+    print(block)
+    if not args.no_readme:
+        update_readme(block)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
