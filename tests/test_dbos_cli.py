@@ -48,7 +48,7 @@ def test_dbos_cli_lists_gets_and_shows_the_steps_of_a_refund(env: Env, client: D
     assert got["status"] == "SUCCESS" and got["name"] == "refund_workflow" and got["executor_id"] == "test-executor"
     steps = dbos(env, tmp_path, "steps", refund_id)
     names = [s["function_name"] for s in steps]
-    assert names.index("refunds.prepare_payment") < names.index("payments.issue_refund")
+    assert names.index("refunds.record_verdict_and_reserve") < names.index("payments.issue_refund")
 
 
 def test_dbos_cli_cancels_and_resumes_a_refund_waiting_for_approval(
