@@ -39,16 +39,43 @@ def load_order_step(order_id: str) -> OrderSnapshot | None:
     return OrderSnapshot(order=order_from_row(row), as_of=datetime.now(UTC))
 
 
+HISTORY_LIMIT = 20
+
+
+def refund_history_query(customer_id: str, dialect: str, limit: int = HISTORY_LIMIT) -> sa.Select[Any]:
+    """The customer's newest ``limit`` refunds, reading at most about ``limit`` rows of each of their orders.
+
+    A refund belongs to one order, so the newest ``limit`` overall are among the newest ``limit`` of each
+    order: a walk down ``ix_refunds_order_id_created_at`` per order. A join sorted as a whole instead
+    reads every refund the customer ever asked for, on every new request. Postgres plans that join as a
+    sort of all of them, so it gets the per-order walk spelled out as a LATERAL join; SQLite walks the
+    index per order and stops each walk once ``limit`` newer rows are held, so the join is enough there.
+    """
+    if dialect != "postgresql":
+        return (
+            sa.select(refunds)
+            .join(orders, orders.c.order_id == refunds.c.order_id)
+            .where(orders.c.customer_id == customer_id)
+            .order_by(refunds.c.created_at.desc())
+            .limit(limit)
+        )
+    owned = sa.select(orders.c.order_id).where(orders.c.customer_id == customer_id).subquery("owned")
+    newest = (
+        sa.select(refunds)
+        .where(refunds.c.order_id == owned.c.order_id)
+        .order_by(refunds.c.created_at.desc())
+        .limit(limit)
+        .lateral("newest")
+    )
+    return (
+        sa.select(newest).select_from(owned).join(newest, sa.true()).order_by(newest.c.created_at.desc()).limit(limit)
+    )
+
+
 @transaction("orders.refund_history")
 def refund_history_step(customer_id: str) -> list[PastRefund]:
     """The customer's earlier refund requests across all their orders, newest first."""
-    rows = session().execute(
-        sa.select(refunds)
-        .join(orders, orders.c.order_id == refunds.c.order_id)
-        .where(orders.c.customer_id == customer_id)
-        .order_by(refunds.c.created_at.desc())
-        .limit(20)
-    )
+    rows = session().execute(refund_history_query(customer_id, session().get_bind().dialect.name))
     return [
         PastRefund(
             refund_id=row.refund_id,
