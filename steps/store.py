@@ -31,7 +31,7 @@ orders = sa.Table(
     "orders",
     metadata,
     sa.Column("order_id", sa.String(64), primary_key=True),
-    sa.Column("customer_id", sa.String(64), sa.ForeignKey("customers.customer_id"), nullable=False),
+    sa.Column("customer_id", sa.String(64), sa.ForeignKey("customers.customer_id"), nullable=False, index=True),
     sa.Column("currency", sa.String(3), nullable=False),
     sa.Column("amount_captured_minor", sa.BigInteger, nullable=False),
     sa.Column("amount_refunded_minor", sa.BigInteger, nullable=False, server_default="0"),
@@ -46,7 +46,7 @@ refunds = sa.Table(
     "refunds",
     metadata,
     sa.Column("refund_id", sa.String(200), primary_key=True),  # = workflow id = Idempotency-Key
-    sa.Column("order_id", sa.String(64), nullable=False, index=True),
+    sa.Column("order_id", sa.String(64), nullable=False),
     sa.Column("request_hash", sa.String(64), nullable=False),
     sa.Column("currency", sa.String(3), nullable=False),
     sa.Column("requested_amount_minor", sa.BigInteger),
@@ -63,6 +63,8 @@ refunds = sa.Table(
     sa.Column("reserved_amount_minor", sa.BigInteger),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+    # A customer's history reads the newest refunds of each order; reservations sum an order's refunds.
+    sa.Index("ix_refunds_order_id_created_at", "order_id", "created_at"),
 )
 
 # One live process per DBOS executor id (agent/heartbeat.py): a lease renewed on the database clock.
