@@ -29,22 +29,17 @@ class PaymentsConfig:
 
 
 _config: PaymentsConfig | None = None
-_stripe: stripe.StripeClient | None = None
 
 
 def configure(config: PaymentsConfig) -> None:
-    global _config, _stripe
-    _config, _stripe = config, None
+    global _config
+    _config = config
 
 
 def _client() -> stripe.StripeClient:
-    """One client per configuration: its HTTP sessions are per thread and keep their connections."""
-    global _stripe
     if _config is None:
         raise RuntimeError("payments are not configured; call runtime.start() first")
-    if _stripe is None:
-        _stripe = stripe.StripeClient(_config.api_key, base_addresses={"api": _config.base_url}, max_network_retries=0)
-    return _stripe
+    return stripe.StripeClient(_config.api_key, base_addresses={"api": _config.base_url}, max_network_retries=0)
 
 
 def idempotency_key(refund_id: str, order_id: str) -> str:
