@@ -14,7 +14,7 @@ from steps.records import from_minor
 from steps.refunds import recorded_decision
 from steps.store import app_db, refunds
 
-TERMINAL = {"CANCELLED": "cancelled", "ERROR": "failed", "MAX_RECOVERY_ATTEMPTS_EXCEEDED": "failed"}
+_TERMINAL = {"CANCELLED": "cancelled", "ERROR": "failed", "MAX_RECOVERY_ATTEMPTS_EXCEEDED": "failed"}
 _RUNNING = ("PENDING", "DELAYED")
 
 
@@ -50,8 +50,8 @@ def phase_of(
     """
     if workflow is None:
         return row_status or "received", None
-    if workflow.status in TERMINAL:
-        return TERMINAL[workflow.status], None
+    if workflow.status in _TERMINAL:
+        return _TERMINAL[workflow.status], None
     outcome = workflow.output if workflow.status == "SUCCESS" and isinstance(workflow.output, dict) else None
     outcome = outcome or client.get_event(workflow.workflow_id, OUTCOME_EVENT, timeout_seconds=0)
     if isinstance(outcome, dict) and outcome.get("status"):

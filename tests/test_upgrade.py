@@ -145,8 +145,8 @@ def park_on_a_then_start_b(cluster: Cluster, root: Path, *, release_a_root: Path
     return parked
 
 
-def test_refunds_parked_on_release_a_finish_on_patched_release_b(env: Env, cluster: Cluster, tmp_path: Path) -> None:
-    parked = park_on_a_then_start_b(cluster, build_release_b(tmp_path / "release-b"))
+def approve_a_fresh_refund_then_finish_all(env: Env, cluster: Cluster, parked: list[str]) -> str:
+    """A refund started on the running release, approved; it and the parked ones succeed, each paid once."""
     request = RefundRequest(order_id="ord_1002", message="Please refund 150.00", amount=Decimal("150.00"))
     fresh = "upgrade-fresh"
     submit_refund(cluster.client, idempotency_key=fresh, request=request, app_version=PINNED_VERSION)
@@ -156,6 +156,12 @@ def test_refunds_parked_on_release_a_finish_on_patched_release_b(env: Env, clust
     final = cluster.wait_done([*parked, fresh])
     assert {w.status for w in final.values()} == {"SUCCESS"}
     assert_paid_once_each(env, cluster, dict.fromkeys([*parked, fresh], "ord_1002"))
+    return fresh
+
+
+def test_refunds_parked_on_release_a_finish_on_patched_release_b(env: Env, cluster: Cluster, tmp_path: Path) -> None:
+    parked = park_on_a_then_start_b(cluster, build_release_b(tmp_path / "release-b"))
+    fresh = approve_a_fresh_refund_then_finish_all(env, cluster, parked)
     for refund_id in parked:  # started on A: the old path before the park point, the new one after it
         names = step_names(cluster, refund_id)
         assert "release_b.intake_note" not in names
@@ -181,15 +187,7 @@ def test_refunds_parked_before_the_lean_checkpoints_patch_finish_on_the_old_path
 ) -> None:
     old = build_release_before_lean_checkpoints(tmp_path / "release-a")
     parked = park_on_a_then_start_b(cluster, SOURCE, release_a_root=old)
-    request = RefundRequest(order_id="ord_1002", message="Please refund 150.00", amount=Decimal("150.00"))
-    fresh = "upgrade-fresh"
-    submit_refund(cluster.client, idempotency_key=fresh, request=request, app_version=PINNED_VERSION)
-    wait_for(lambda: approvals.pending_request(cluster.client, fresh), timeout=90, what="the new refund to park")
-    approvals.decide_pending(cluster.client, refund_id=fresh, decision="approve", approver="dana")
-
-    final = cluster.wait_done([*parked, fresh])
-    assert {w.status for w in final.values()} == {"SUCCESS"}
-    assert_paid_once_each(env, cluster, dict.fromkeys([*parked, fresh], "ord_1002"))
+    fresh = approve_a_fresh_refund_then_finish_all(env, cluster, parked)
     for refund_id in parked:  # started before the patch: phase events and a separate customer notification
         names = step_names(cluster, refund_id)
         assert "DBOS.patch-lean-checkpoints" not in names
