@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib
 import logging
 import os
@@ -189,6 +190,7 @@ def start(settings: Settings | None = None, *, worker: bool = True, migrate: boo
     )
     if not worker:
         DBOS.listen_queues([])
+    _freeze_startup_heap()
     DBOS.launch()
     DBOS.register_queue(
         REFUND_QUEUE,
@@ -205,6 +207,19 @@ def start(settings: Settings | None = None, *, worker: bool = True, migrate: boo
         worker,
     )
     return _runtime
+
+
+def _freeze_startup_heap() -> None:
+    """Keep what start-up built out of the cyclic garbage collector's full collections.
+
+    Modules, validators, the agent and DBOS's registry (about 190,000 tracked objects) live as long as
+    the process, yet every full collection walked them, and a full collection stops the whole process:
+    with 2,000 refunds parked for approval one took 0.4-0.7 s, and approvals arriving meanwhile waited.
+    Frozen, they are still freed by reference counting; only a reference cycle among them waits for
+    ``stop``, which unfreezes them.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def _lease_lost() -> None:
@@ -248,6 +263,7 @@ def stop(workflow_completion_timeout_sec: int = 0) -> None:
     _get_or_create_dbos_registry().dbos = None
     close_app_database()
     _runtime = None
+    gc.unfreeze()  # what this runtime built is ordinary garbage now
 
 
 def client(settings: Settings | None = None) -> DBOSClient:

@@ -44,12 +44,13 @@ async def refund_workflow(refund_id: str, request: dict[str, Any]) -> dict[str, 
         await DBOS.set_event_async(PHASE_EVENT, Phase.DECIDING.value)
     deps = AgentDeps(refund_id, req, rt.limits)
     try:
-        run = await rt.agent.run(prompt_for(req), deps=deps)
+        # Only the output is kept: a refund parked for approval holds its frame for days, and the run's
+        # message history would stay in memory with it.
+        proposal = (await rt.agent.run(prompt_for(req), deps=deps)).output
     except Exception as error:  # the model failed or misbehaved through its retries: nothing was paid
         log.error("refund %s: the agent could not decide: %s", refund_id, type(error).__name__)
         detail = f"the agent could not decide ({type(error).__name__}); fork the workflow to retry"
         return await _finish(refund_id, req, Phase.FAILED, detail, None, lean=lean, snapshot=deps.snapshot)
-    proposal = run.output
     # The agent's own read of the order (a step) is the one policy judges; the old shape read it again.
     snapshot = deps.snapshot if lean and deps.snapshot is not None else await call(load_order_step, req.order_id)
     verdict = policy_verdict(proposal, snapshot, rt.limits)
