@@ -51,6 +51,7 @@ class Worker:
         self.parked_at = 0.0
         self.ready_at: float | None = None
         self.started_at: float | None = None
+        self.full_gcs: list[tuple[float, float]] = []  # (unix time at the end, pause ms)
         self._thread = threading.Thread(target=self._read, daemon=True)
         self._thread.start()
 
@@ -62,6 +63,8 @@ class Worker:
                 self.parked, self.parked_at = int(parts[1]), float(parts[2])
             elif len(parts) == 2 and parts[0] == "ready":
                 self.ready_at = float(parts[1])
+            elif len(parts) == 3 and parts[0] == "gc2":
+                self.full_gcs.append((float(parts[2]), float(parts[1])))
             elif len(parts) == 3 and parts[0] == "started":
                 self.started_at = float(parts[2])
 
@@ -98,6 +101,12 @@ def _env(dbs: Databases, sandbox_url: str, workdir: Path, executor: str, **extra
     }
     env.update(extra)
     return env
+
+
+def _pauses(worker: Worker, start: float, end: float) -> dict[str, Any]:
+    """The worker's full garbage collections between two unix times: how many, the longest, their sum."""
+    pauses = [ms for t, ms in worker.full_gcs if start <= t <= end]
+    return {"count": len(pauses), "max_ms": max(pauses, default=0.0), "total_s": sum(pauses) / 1000}
 
 
 def _completion_times(system_url: str, ids: list[str]) -> dict[str, float]:
@@ -159,12 +168,14 @@ def run_one(
             out.update(
                 rss_before_mb=rss0 / 2**20, rss_after_mb=rss1 / 2**20, rss_per_parked_kb=(rss1 - rss0) / n / 1024
             )
+            out["full_gc_parking"] = _pauses(worker, t0, worker.parked_at)
             killed = worker.kill()
             worker = Worker(["benchmarks.parked_worker", "recover"], env, log)
             worker.wait(f"{n} refunds to park again", lambda: worker.parked >= n, timeout)
             assert worker.ready_at is not None
             out["restart_to_ready_s"] = worker.ready_at - killed
             out["kill_to_all_parked_s"] = worker.parked_at - killed
+            out["full_gc_recovery"] = _pauses(worker, killed, worker.parked_at)
             time.sleep(1.0)
             out["rss_after_recovery_mb"] = worker.rss() / 2**20
             settings = Settings(
@@ -185,6 +196,7 @@ def run_one(
                 done = _completion_times(dbs.system_url, ids)
                 time.sleep(0.5)
             latencies = [done[i] - sent[i] for i in ids if i in done]
+            out["full_gc_approvals"] = _pauses(worker, min(sent.values(), default=0), max(done.values(), default=0))
             out.update(
                 approved=len(ids),
                 completed=len(latencies),

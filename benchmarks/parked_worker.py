@@ -6,12 +6,14 @@
 Configuration comes from the environment, as for ``refund-agent worker``. The product's workflow is
 unchanged; this process only counts the workflows currently inside ``DBOS.recv_async`` (the approval
 wait) and prints ``parked <count> <unix time>`` whenever the count changes (at most every 50 ms), so
-the benchmark can time parking and re-parking from outside.
+the benchmark can time parking and re-parking from outside. It also prints ``gc2 <ms> <unix time>``
+after each full (generation 2) garbage collection: one stops every refund in the process while it runs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import sys
 import threading
 import time
@@ -36,6 +38,21 @@ async def _counting_recv(topic: str | None = None, timeout_seconds: float = 60) 
     finally:
         with _lock:
             _waiting -= 1
+
+
+def _time_full_collections() -> None:
+    started = 0.0
+
+    def callback(phase: str, info: dict[str, Any]) -> None:
+        nonlocal started
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            started = time.perf_counter()
+        else:
+            print(f"gc2 {(time.perf_counter() - started) * 1000:.1f} {time.time():.3f}", flush=True)
+
+    gc.callbacks.append(callback)
 
 
 def _reporter() -> None:
@@ -72,6 +89,7 @@ async def _forever() -> None:
 def main(argv: list[str]) -> int:
     DBOS.recv_async = _counting_recv  # type: ignore[method-assign]
     threading.Thread(target=_reporter, daemon=True).start()
+    _time_full_collections()
     mode = argv[0]
     with harness.started(get_settings()):
         print(f"ready {time.time():.3f}", flush=True)

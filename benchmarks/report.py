@@ -111,15 +111,23 @@ def throughput_table(tp: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _gc_cell(run: dict[str, Any]) -> str:
+    phases = [run.get(f"full_gc_{p}") for p in ("parking", "recovery", "approvals")]
+    if not all(phases):  # runs recorded before the worker timed its collections
+        return "not recorded"
+    return ", ".join(f"{p['count']} (longest {fmt(p['max_ms'], 0)} ms)" for p in phases if p)
+
+
 def parked_table(parked: dict[str, Any]) -> list[str]:
     lines = [
         "| parked refunds | time to park all | RSS before -> after | RSS per parked | SIGKILL -> all parked again "
-        "(process ready after) | approvals | approve -> completed p50 / p99 / max |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "(process ready after) | approvals | approve -> completed p50 / p99 / max | full GC pauses: parking, "
+        "recovery, approvals (count, longest) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in parked["runs"]:
         if "error" in r:
-            lines.append(f"| {r['parked']:,} | failed: {r['error']} | | | | | |")
+            lines.append(f"| {r['parked']:,} | failed: {r['error']} | | | | | | |")
             continue
         lines.append(
             f"| {r['parked']:,} | {fmt(r['park_s'])} s "
@@ -128,7 +136,7 @@ def parked_table(parked: dict[str, Any]) -> list[str]:
             f"| {fmt(r['kill_to_all_parked_s'])} s ({fmt(r['restart_to_ready_s'])} s) "
             f"| {r['completed']}/{r['approved']} at {fmt(r['approval_rate_per_s'], 0)}/s "
             f"| {fmt(r['approve_to_completed_p50_ms'], 0)} / {fmt(r['approve_to_completed_p99_ms'], 0)} / "
-            f"{fmt(r['approve_to_completed_max_ms'], 0)} ms |"
+            f"{fmt(r['approve_to_completed_max_ms'], 0)} ms | {_gc_cell(r)} |"
         )
     q = parked.get("queue")
     if q:
