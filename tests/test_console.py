@@ -20,6 +20,7 @@ from agent.console import auth
 from agent.processes import free_port, wait_for
 from agent.server import create_app
 from agent.settings import Settings
+from agent.status import refund_status
 from steps import audit
 from steps.store import app_db, approval_decisions, audit_log
 from tests.conftest import Env
@@ -223,6 +224,8 @@ def test_a_fork_from_the_payment_step_reuses_the_key_and_pays_once(
         forked = form(ada, f"/console/refunds/{refund_id}/fork", step=prepare_step, csrf=token)
         assert forked.status_code == 303 and "fork=" in forked.headers["location"]
         fork_id = forked.headers["location"].split("fork=")[1]
+        status = refund_status(client, refund_id)
+        assert status is not None and status["status"] == "paying"  # where it stood, not "cancelled"
         outcome: dict[str, Any] = client.retrieve_workflow(fork_id).get_result(polling_interval_sec=0.1)
         assert outcome["status"] == "completed" and outcome["idempotency_key"] == f"refund:{refund_id}:ord_1002"
         detail = ada.get(f"/console/refunds/{refund_id}")

@@ -78,9 +78,10 @@ def fork(client: DBOSClient, refund_id: str, *, step: int, operator: str, app_ve
     if wf.status in ("ENQUEUED", "PENDING", "DELAYED"):
         raise ActionError(f"refund {refund_id} is still running; cancel it before forking it")
     with app_db().engine.connect() as conn:
-        paid = conn.execute(
-            sa.select(refunds.c.provider_refund_id).where(refunds.c.refund_id == refund_id)
-        ).scalar_one_or_none()
+        row = conn.execute(
+            sa.select(refunds.c.provider_refund_id, refunds.c.status).where(refunds.c.refund_id == refund_id)
+        ).first()
+    paid = row.provider_refund_id if row else None
     if paid:
         raise ActionError(
             f"refund {refund_id} was paid (provider refund {paid}); a fork would only replay that payment"
@@ -90,5 +91,8 @@ def fork(client: DBOSClient, refund_id: str, *, step: int, operator: str, app_ve
         raise ActionError(f"refund {refund_id} has no step {step}")
     handle = client.fork_workflow(refund_id, step, application_version=app_version, queue_name=REFUND_QUEUE)
     fork_id = str(handle.get_workflow_id())
-    _record(refund_id, "operator_forked", {"operator": operator, "from_step": step, "fork_workflow_id": fork_id})
+    # A refund cancelled here shows "cancelled" in its row; the fork carries on from where it stood, as a resume does.
+    restored = _status_before_cancel(refund_id) if row is not None and row.status == "cancelled" else None
+    payload = {"operator": operator, "from_step": step, "fork_workflow_id": fork_id}
+    _record(refund_id, "operator_forked", payload, restored)
     return fork_id
