@@ -263,16 +263,23 @@ def markdown(results: dict[str, Any], json_name: str, png_names: list[str]) -> s
 
 
 def combined_markdown(documents: list[tuple[str, dict[str, Any]]], png_names: list[str]) -> str:
-    """One block from several runs' results: each section from the last run that has it."""
+    """One block from several runs' results: each section from the last run that has it, except parked
+    approvals, whose runs (one per count of parked refunds) are put together from every file, by count."""
     merged: dict[str, Any] = {}
-    source: dict[str, str] = {}
+    source: dict[str, set[str]] = {}
     for name, results in documents:
         for section in SECTIONS:
-            if section in results:
-                merged[section], source[section] = results[section], name
+            if section not in results:
+                continue
+            if section == "parked" and "parked" in merged:
+                runs = [*merged["parked"]["runs"], *results["parked"]["runs"]]
+                merged["parked"] = {**results["parked"], "runs": sorted(runs, key=lambda r: int(r["parked"]))}
+                source["parked"].add(name)
+                continue
+            merged[section], source[section] = results[section], {name}
     lines = []
     for name, results in documents:
-        mine = [section for section in SECTIONS if source.get(section) == name]
+        mine = [section for section in SECTIONS if name in source.get(section, set())]
         if mine:
             lines += [f"Sections {', '.join(mine)}: " + _run_line(results["meta"], name), ""]
     return "\n".join(lines + _sections(merged, png_names))
