@@ -30,6 +30,8 @@ def append(
 
     The chain is a total order: on Postgres concurrent appenders queue on a transaction-scoped
     advisory lock (released at commit); SQLite's IMMEDIATE transactions already serialize writers.
+    Take any row lock the transaction needs before appending: a transaction that holds the chain's
+    lock while it waits for a row another appender has locked deadlocks with it.
     """
     dialect = session.dialect if isinstance(session, sa.Connection) else session.get_bind().dialect
     if dialect.name == "postgresql":

@@ -210,7 +210,12 @@ def record_verdict_and_reserve_step(
     amount: Decimal,
     currency: str,
 ) -> PaymentPlan:
-    """An auto-approved refund has nothing to wait for: its verdict and its reservation commit together."""
+    """An auto-approved refund has nothing to wait for: its verdict and its reservation commit together.
+
+    The order's row is locked first, before the verdict's audit entries take the audit chain's lock:
+    ``record_payment`` takes the two in that order, and the reverse order deadlocks against it.
+    """
+    session().execute(sa.select(orders.c.order_id).where(orders.c.order_id == order_id).with_for_update())
     _record_verdict(refund_id, proposal, verdict, model)
     return _reserve(refund_id, order_id, amount=amount, currency=currency)
 
