@@ -62,10 +62,7 @@ def test_start_up_objects_stay_out_of_full_collections_until_the_runtime_stops(e
     assert gc.get_freeze_count() == 0
     runtime.start(env.settings())
     try:
-        frozen = gc.get_freeze_count()
-        assert frozen > 10_000  # modules, validators, the agent, DBOS's registry
-        gc.collect()
-        assert gc.get_freeze_count() == frozen  # a full collection does not walk them
+        assert gc.get_freeze_count() > 10_000  # modules, validators, the agent, DBOS's registry
     finally:
         runtime.stop()
     assert gc.get_freeze_count() == 0  # a stopped runtime's objects are ordinary garbage again
