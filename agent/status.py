@@ -58,9 +58,8 @@ def phase_of(
         return str(outcome["status"]), outcome
     event = client.get_event(workflow.workflow_id, PHASE_EVENT, timeout_seconds=0)
     phase = row_status or "received"
-    if phase == "cancelled" and workflow.status in _RUNNING:  # resumed or forked by hand after a console cancel
-        phase = "deciding"
-    if phase == "received" and workflow.status in _RUNNING:
+    # "cancelled" while running: resumed or forked by hand after a console cancel.
+    if phase in ("received", "cancelled") and workflow.status in _RUNNING:
         phase = "deciding"
     if phase == "awaiting_approval" and not pending:
         phase = "deciding"

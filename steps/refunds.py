@@ -196,7 +196,7 @@ def prepare_payment_step(refund_id: str, order_id: str, *, amount: Decimal, curr
     two refunds of one order on two workers cannot both pass the balance check. The order's row is
     locked on Postgres; SQLite's IMMEDIATE transactions serialize writers anyway.
     """
-    return _reserve(refund_id, order_id, amount=amount, currency=currency)
+    return _reserve(refund_id, order_id, _locked_order(order_id), amount=amount, currency=currency)
 
 
 @transaction("refunds.record_verdict_and_reserve")
@@ -215,14 +215,19 @@ def record_verdict_and_reserve_step(
     The order's row is locked first, before the verdict's audit entries take the audit chain's lock:
     ``record_payment`` takes the two in that order, and the reverse order deadlocks against it.
     """
-    session().execute(sa.select(orders.c.order_id).where(orders.c.order_id == order_id).with_for_update())
+    order = _locked_order(order_id)
     _record_verdict(refund_id, proposal, verdict, model)
-    return _reserve(refund_id, order_id, amount=amount, currency=currency)
+    return _reserve(refund_id, order_id, order, amount=amount, currency=currency)
 
 
-def _reserve(refund_id: str, order_id: str, *, amount: Decimal, currency: str) -> PaymentPlan:
+def _locked_order(order_id: str) -> Any:
+    """The order's row, locked until the transaction ends (Postgres; SQLite serializes writers anyway)."""
+    return session().execute(ORDER_QUERY.where(orders.c.order_id == order_id).with_for_update(of=orders)).first()
+
+
+def _reserve(refund_id: str, order_id: str, row: Any, *, amount: Decimal, currency: str) -> PaymentPlan:
+    """Reserve ``amount`` on the refund's row against ``row``, the order as read under its lock."""
     now = datetime.now(UTC)
-    row = session().execute(ORDER_QUERY.where(orders.c.order_id == order_id).with_for_update(of=orders)).first()
     started = (
         session().execute(sa.select(refunds.c.payment_started_at).where(refunds.c.refund_id == refund_id)).scalar_one()
     )
