@@ -87,7 +87,9 @@ class Settings(BaseSettings):
     """How long the provider remembers idempotency keys (Stripe: 24 h)."""
 
     queue_worker_concurrency: int = 4
-    queue_polling_interval_seconds: float = 0.5
+    queue_polling_interval_seconds: float = 0.1
+    """How often a worker looks for refunds to dequeue. It takes at most QUEUE_WORKER_CONCURRENCY per look,
+    which bounds how fast it starts new refunds and re-parks waiting ones after a restart."""
     notification_polling_interval_seconds: float = 0.25
     refund_agent_crash_at: str | None = None
     """Fault injection for tests and the demo: SIGKILL this process at the named point."""
