@@ -41,10 +41,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--levels", default="1,4,16,64", help="concurrency levels of the throughput section")
     p.add_argument("--throughput-refunds", type=int, help="refunds per cell: max(this, 2 x C) (default 24)")
-    p.add_argument("--parked", help="parked-approval counts, comma-separated (default 1000,2000; quick 100)")
+    p.add_argument("--parked", help="parked-approval counts, comma-separated (default 1000,10000; quick 100)")
+    p.add_argument("--parked-floor", help="counts at which the DBOS floor is parked too (default: all of --parked)")
+    p.add_argument("--polling-refunds", type=int, default=300, help="refunds parked per run of the polling knob")
+    p.add_argument("--polling-rounds", type=int, help="rounds of the queue polling knob (default 3, quick 1; 0: skip)")
     p.add_argument("--approvals", type=int, help="approvals sent in the parked section (default 60)")
     p.add_argument("--approval-rate", type=float, default=3.0, help="approvals per second (default 3)")
-    p.add_argument("--parked-timeout", type=float, default=900.0, help="seconds to wait for parking/recovery")
+    p.add_argument(
+        "--parked-timeout",
+        type=float,
+        default=900.0,
+        help="seconds to wait for parking, and again for re-parking (at least 0.5 s per refund)",
+    )
     p.add_argument("--tuning-rounds", type=int, help="rounds per tuning knob (default 3, quick 2)")
     p.add_argument("--tuning-only", help="only knobs whose name contains this")
     p.add_argument("--profile-refunds", type=int, help="refunds profiled per backend (default 20)")
@@ -59,7 +67,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.count_refunds is None:
         args.count_refunds = 5 if q else 15
     args.throughput_refunds = args.throughput_refunds or (8 if q else 24)
-    args.parked = [int(x) for x in (args.parked or ("100" if q else "1000,2000")).split(",") if x]
+    args.parked = [int(x) for x in (args.parked or ("100" if q else "1000,10000")).split(",") if x]
+    floor = args.parked_floor
+    args.parked_floor = args.parked if floor is None else [int(x) for x in floor.split(",") if x]
+    if args.polling_rounds is None:
+        args.polling_rounds = 1 if q else 3
     args.approvals = args.approvals or (20 if q else 60)
     args.tuning_rounds = args.tuning_rounds or (2 if q else 3)
     args.profile_refunds = args.profile_refunds or (5 if q else 20)
@@ -100,6 +112,9 @@ async def run(args: argparse.Namespace, sandbox_url: str, workdir: Path) -> dict
             results["parked"] = await harness.off_loop(
                 lambda: parked.run_section(
                     counts=args.parked,
+                    floor=args.parked_floor,
+                    polling_n=args.polling_refunds,
+                    polling_rounds=args.polling_rounds,
                     approvals_k=args.approvals,
                     approval_rate=args.approval_rate,
                     timeout=args.parked_timeout,

@@ -1,13 +1,20 @@
-"""A worker process that parks refunds on their approval ``recv`` and reports how many are waiting.
+"""A product worker that reports how many workflows wait in ``DBOS.recv`` (the approval wait).
 
-    python -m benchmarks.parked_worker start N     # start N refunds that need approval, then keep running
-    python -m benchmarks.parked_worker recover     # just launch: DBOS recovers this executor's workflows
+    python -m benchmarks.parked_worker
 
-Configuration comes from the environment, as for ``refund-agent worker``. The product's workflow is
-unchanged; this process only counts the workflows currently inside ``DBOS.recv_async`` (the approval
-wait) and prints ``parked <count> <unix time>`` whenever the count changes (at most every 50 ms), so
-the benchmark can time parking and re-parking from outside. It also prints ``gc2 <ms> <unix time>``
-after each full (generation 2) garbage collection: one stops every refund in the process while it runs.
+Configuration comes from the environment, as for ``refund-agent worker``: this is the product runtime
+with its queue worker, so refunds reach it the product's way (the benchmark enqueues them on the
+``refunds`` queue, as ``POST /refunds`` does), and after a SIGKILL a new process with the same
+executor id recovers them through that queue. The product's workflow is unchanged; this process only
+counts the workflows currently inside ``DBOS.recv_async`` and prints ``parked <count> <unix time>``
+whenever the count changes (at most every 50 ms), so the benchmark can time parking and re-parking
+from outside. It prints ``gc2 <ms> <unix time>`` after each full (generation 2) garbage collection:
+one stops every refund in the process while it runs.
+
+It also registers the floor the product is compared with, ``bench_floor_workflow(steps)``: ``steps``
+checkpointed no-op steps, then the refund's approval wait (same topic, timeout and queue slot
+release), run from the same queue with the same settings. With ``steps=0`` it is what DBOS itself
+costs to start, park and recover a workflow that does nothing but wait.
 """
 
 from __future__ import annotations
@@ -19,10 +26,16 @@ import threading
 import time
 from typing import Any
 
-from dbos import DBOS, SetWorkflowID
+from dbos import DBOS
 
+from agent.approvals import APPROVAL_TOPIC
+from agent.offloop import call
+from agent.parking import queue_slot_released
+from agent.runtime import current
 from agent.settings import get_settings
 from benchmarks import harness
+
+FLOOR_WORKFLOW = "bench_floor_workflow"
 
 _waiting = 0
 _lock = threading.Lock()
@@ -38,6 +51,19 @@ async def _counting_recv(topic: str | None = None, timeout_seconds: float = 60) 
     finally:
         with _lock:
             _waiting -= 1
+
+
+@DBOS.step(name="bench.noop")
+def _noop_step(i: int) -> int:
+    return i
+
+
+@DBOS.workflow(name=FLOOR_WORKFLOW)
+async def floor_workflow(steps: int) -> None:
+    for i in range(steps):
+        await call(_noop_step, i)
+    with queue_slot_released():
+        await DBOS.recv_async(APPROVAL_TOPIC, timeout_seconds=current().approvals.escalate_after)
 
 
 def _time_full_collections() -> None:
@@ -65,41 +91,21 @@ def _reporter() -> None:
         time.sleep(0.05)
 
 
-async def _start(count: int, in_flight: int = 64) -> None:
-    """Start ``count`` refunds, keeping at most ``in_flight`` of them between start and parked."""
-    from agent.workflow import refund_workflow
-
-    started = 0
-    while started < count:
-        if started - _waiting >= in_flight:
-            await asyncio.sleep(0.01)
-            continue
-        refund_id, request = await harness.off_loop(harness.new_refund, "parked", harness.APPROVAL_AMOUNT)
-        with SetWorkflowID(refund_id):
-            await DBOS.start_workflow_async(refund_workflow, refund_id, request.model_dump(mode="json"))
-        started += 1
-    print(f"started {started} {time.time():.3f}", flush=True)
-
-
 async def _forever() -> None:
     while True:
         await asyncio.sleep(3600)
 
 
 def main(argv: list[str]) -> int:
+    if argv:
+        print(__doc__, file=sys.stderr)
+        return 2
     DBOS.recv_async = _counting_recv  # type: ignore[method-assign]
     threading.Thread(target=_reporter, daemon=True).start()
     _time_full_collections()
-    mode = argv[0]
     with harness.started(get_settings()):
         print(f"ready {time.time():.3f}", flush=True)
-
-        async def run() -> None:
-            if mode == "start":
-                await _start(int(argv[1]))
-            await _forever()
-
-        asyncio.run(run())
+        asyncio.run(_forever())
     return 0
 
 

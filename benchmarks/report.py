@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.cost import LABELS
-from benchmarks.harness import fmt
+from benchmarks.harness import fmt, ratio
 
 README = Path(__file__).resolve().parent / "README.md"
 BEGIN, END = "<!-- suite-results:begin -->", "<!-- suite-results:end -->"
@@ -118,36 +118,77 @@ def _gc_cell(run: dict[str, Any]) -> str:
     return ", ".join(f"{p['count']} (longest {fmt(p['max_ms'], 0)} ms)" for p in phases if p)
 
 
+def _seconds(value: float | None) -> str:
+    return "did not complete" if value is None else f"{fmt(value)} s"
+
+
 def parked_table(parked: dict[str, Any]) -> list[str]:
+    runs = parked["runs"]
     lines = [
-        "| parked refunds | time to park all | RSS before -> after | RSS per parked | SIGKILL -> all parked again "
-        "(process ready after) | approvals | approve -> completed p50 / p99 / max | full GC pauses: parking, "
-        "recovery, approvals (count, longest) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| parked | workflow | recorded operations before the wait | time to park all | RSS per parked "
+        "| SIGKILL -> all parked again (process ready after) | re-park per workflow |",
+        "|---:|---|---:|---:|---:|---:|---:|",
     ]
-    for r in parked["runs"]:
+    for r in runs:
         if "error" in r:
-            lines.append(f"| {r['parked']:,} | failed: {r['error']} | | | | | | |")
+            lines.append(f"| {r['parked']:,} | {r.get('load', '')} | failed: {r['error']} | | | | |")
             continue
         lines.append(
-            f"| {r['parked']:,} | {fmt(r['park_s'])} s "
-            f"| {fmt(r['rss_before_mb'], 0)} -> {fmt(r['rss_after_mb'], 0)} MB "
-            f"| {fmt(r['rss_per_parked_kb'])} KB "
+            f"| {r['parked']:,} | {r.get('load', 'refund_workflow (product)')} "
+            f"| {fmt(r.get('operations_before_wait'), 0)} "
+            f"| {fmt(r['park_s'])} s | {fmt(r['rss_per_parked_kb'])} KB "
             f"| {fmt(r['kill_to_all_parked_s'])} s ({fmt(r['restart_to_ready_s'])} s) "
-            f"| {r['completed']}/{r['approved']} at {fmt(r['approval_rate_per_s'], 0)}/s "
-            f"| {fmt(r['approve_to_completed_p50_ms'], 0)} / {fmt(r['approve_to_completed_p99_ms'], 0)} / "
-            f"{fmt(r['approve_to_completed_max_ms'], 0)} ms | {_gc_cell(r)} |"
+            f"| {fmt(r['kill_to_all_parked_s'] / r['parked'] * 1000)} ms |"
         )
-    q = parked.get("queue")
-    if q:
+    product = [r for r in runs if "error" not in r and "approved" in r]
+    if product:
         lines += [
             "",
-            f"Queue check (product path: `submit_refund` -> queue `refunds` -> `refund-agent worker`, worker "
-            f"concurrency {q['worker_concurrency']}): of {q['submitted_needing_approval']} refunds needing approval, "
-            f"{q['parked_within_30s']} parked; an auto-approved refund submitted after them was in phase "
-            f"`{q['auto_refund_phase_after_wait']}` after {q['waited_s']} s.",
+            "| parked refunds | RSS before -> after parking -> after recovery | threads parked / recovered "
+            "| new refund while parked / submitted at restart | approvals | approve -> completed p50 / p99 / max "
+            "| full GC pauses: parking, recovery, approvals (count, longest) |",
+            "|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in product:
+            lines.append(
+                f"| {r['parked']:,} | {fmt(r['rss_before_mb'], 0)} -> {fmt(r['rss_after_mb'], 0)} -> "
+                f"{fmt(r['rss_after_recovery_mb'], 0)} MB "
+                f"| {r.get('threads_parked', '')} / {r.get('threads_after_recovery', '')} "
+                f"| {_seconds(r.get('auto_refund_while_parked_s'))} / {_seconds(r.get('auto_refund_after_restart_s'))} "
+                f"| {r['completed']}/{r['approved']} at {fmt(r['approval_rate_per_s'], 0)}/s "
+                f"| {fmt(r['approve_to_completed_p50_ms'], 0)} / {fmt(r['approve_to_completed_p99_ms'], 0)} / "
+                f"{fmt(r['approve_to_completed_max_ms'], 0)} ms | {_gc_cell(r)} |"
+            )
+        lines += ["", *_parked_targets(product)]
+    polling = parked.get("polling")
+    if polling:
+        a, b = polling["arms"]
+        ma, mb = polling["medians"][a], polling["medians"][b]
+        lines += [
+            "",
+            f"Queue polling interval ({polling['parked']} refunds, median of {polling['rounds']} rounds, "
+            "arms alternating):",
+            "",
+            "| `QUEUE_POLLING_INTERVAL_SECONDS` | time to park all | SIGKILL -> all parked again |",
+            "|---|---:|---:|",
+            f"| {a} | {fmt(ma['park_s'])} s | {fmt(ma['kill_to_all_parked_s'])} s |",
+            f"| {b} | {fmt(mb['park_s'])} s ({fmt(ratio(mb['park_s'], ma['park_s']), 2)}x) "
+            f"| {fmt(mb['kill_to_all_parked_s'])} s "
+            f"({fmt(ratio(mb['kill_to_all_parked_s'], ma['kill_to_all_parked_s']), 2)}x) |",
         ]
     return lines
+
+
+def _parked_targets(product: list[dict[str, Any]]) -> list[str]:
+    cells = []
+    for r in product:
+        rss, repark, p99 = r["rss_per_parked_kb"], r["kill_to_all_parked_s"], r["approve_to_completed_p99_ms"]
+        cells.append(
+            f"{r['parked']:,} parked: RSS {fmt(rss)} KB (target <= 50: {_met(_le(rss, 50))}), "
+            f"re-parked in {fmt(repark)} s (target <= 60: {_met(_le(repark, 60))}), "
+            f"approval p99 {fmt(p99, 0)} ms (target <= 1,000: {_met(_le(p99, 1000))})"
+        )
+    return ["Targets: " + "; ".join(cells) + "."]
 
 
 def tuning_table(tuning: dict[str, Any]) -> list[str]:
@@ -242,6 +283,30 @@ def plots(results: dict[str, Any], out_dir: Path, stamp: str) -> list[str]:
         fig.savefig(out_dir / name, dpi=90)
         plt.close(fig)
         names.append(name)
+    runs = [r for r in (results.get("parked") or {}).get("runs", []) if "error" not in r]
+    if runs:
+        counts = sorted({r["parked"] for r in runs})
+        loads = list(dict.fromkeys(r["load"] for r in runs))
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+        width = 0.8 / len(loads)
+        panels = (("park_s", "time to park all"), ("kill_to_all_parked_s", "SIGKILL -> all parked again"))
+        for ax, (key, title) in zip(axes, panels, strict=True):
+            for i, load in enumerate(loads):
+                by_n = {r["parked"]: r[key] for r in runs if r["load"] == load}
+                offset = (i - (len(loads) - 1) / 2) * width
+                heights = [by_n.get(c, 0) for c in counts]
+                ax.bar([x + offset for x in range(len(counts))], heights, width=width, label=load)
+            ax.set_xticks(list(range(len(counts))), [f"{c:,} parked" for c in counts])
+            ax.set_ylabel("seconds")
+            ax.set_title(title)
+            if key == "kill_to_all_parked_s":
+                ax.axhline(60, color="grey", linestyle="--", linewidth=1, label="target: 60 s")
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        name = f"suite-parked-{stamp}.png"
+        fig.savefig(out_dir / name, dpi=90)
+        plt.close(fig)
+        names.append(name)
     return names
 
 
@@ -295,6 +360,7 @@ def _sections(results: dict[str, Any], png_names: list[str]) -> list[str]:
         lines += [f"![throughput](results/{n})" for n in png_names if "throughput" in n] + [""]
     if "parked" in results:
         lines += ["#### 3. Parked approvals (Postgres, one worker)", "", *parked_table(results["parked"]), ""]
+        lines += [f"![parked approvals](results/{n})" for n in png_names if "parked" in n] + [""]
     if "tuning" in results:
         lines += ["#### 4. Tuning", "", *tuning_table(results["tuning"]), ""]
     if "profile" in results:
