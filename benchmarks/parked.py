@@ -28,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,9 +53,10 @@ from steps.store import close_app_database, create_engine, open_app_database
 class Worker:
     """A child process and the ``parked``/``ready`` lines it prints."""
 
-    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+    def __init__(self, args: list[str], env: dict[str, str], log: Path, prefix: Sequence[str] = ()) -> None:
+        """``prefix`` runs the worker under another program (a sampling profiler), which must pass its output on."""
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", *args], env=env, stdout=subprocess.PIPE, stderr=log.open("ab"), text=True
+            [*prefix, sys.executable, "-m", *args], env=env, stdout=subprocess.PIPE, stderr=log.open("ab"), text=True
         )
         self.parked = 0
         self.parked_at = 0.0
@@ -101,6 +102,12 @@ class Worker:
 
     def stop(self) -> None:
         stop(self.proc, 20)
+
+    def interrupt(self) -> None:
+        """Ctrl-C the Python processes under this one (a profiler writes its samples once they exit)."""
+        for child in psutil.Process(self.proc.pid).children(recursive=True):
+            child.send_signal(signal.SIGINT)
+        self.proc.wait(120)
 
 
 def _env(dbs: Databases, sandbox_url: str, workdir: Path, executor: str, **extra: str) -> dict[str, str]:
@@ -229,8 +236,12 @@ def run_one(
     timeout: float,
     queue_env: dict[str, str] | None = None,
     probes: bool = True,
+    recover_prefix: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Park ``n``, SIGKILL, re-park; for refunds also probe the queue and time ``approvals_k`` approvals."""
+    """Park ``n``, SIGKILL, re-park; for refunds also probe the queue and time ``approvals_k`` approvals.
+
+    With ``recover_prefix`` the recovering worker runs under that program, and is interrupted once all
+    ``n`` wait again."""
     out: dict[str, Any] = {"parked": n, "load": load.label}
     limit = max(timeout, 0.5 * n)  # seconds for parking, and again for re-parking
     with harness.databases("postgres", server, workdir) as dbs:
@@ -277,7 +288,7 @@ def run_one(
                         client, settings, dbs.system_url, f"parked-{n}-auto-while-parked", 120
                     )
                 killed = worker.kill()
-                worker = Worker(["benchmarks.parked_worker"], env, log)
+                worker = Worker(["benchmarks.parked_worker"], env, log, prefix=recover_prefix)
                 worker.wait("the new worker to launch", lambda: worker.ready_at is not None, 120)
                 after_restart: dict[str, float | None] = {}
                 if load.refunds and probes:
@@ -293,6 +304,9 @@ def run_one(
                 out["restart_to_ready_s"] = worker.ready_at - killed
                 out["kill_to_all_parked_s"] = worker.parked_at - killed
                 out["full_gc_recovery"] = _pauses(worker, killed, worker.parked_at)
+                if recover_prefix:
+                    worker.interrupt()
+                    return out
                 time.sleep(1.0)
                 out["rss_after_recovery_mb"] = worker.rss() / 2**20
                 out["threads_after_recovery"] = worker.threads()

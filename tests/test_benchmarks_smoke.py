@@ -44,3 +44,32 @@ def test_benchmark_suite_writes_results(tmp_path: Path) -> None:
         assert summary[backend]["checkpoints_per_refund"] > 0
     assert list(tmp_path.glob("suite-cost-*.png"))
     assert "Durability cost per refund" in done.stdout
+
+
+def test_parked_section_parks_recovers_and_approves_through_the_queue(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[1]
+    args = ["--sections", "parked", "--parked", "6", "--approvals", "3", "--polling-rounds", "0"]
+    args += ["--no-readme", "--results-dir", str(tmp_path), "--postgres-url", PG_SERVER]
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", *args],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    [result_file] = tmp_path.glob("suite-*.json")
+    runs = {run["load"]: run for run in json.loads(result_file.read_text())["parked"]["runs"]}
+    assert set(runs) == {"refund_workflow (product)", "floor: wait only", "floor: 11 no-op steps, then wait"}, runs
+    assert all("error" not in run for run in runs.values()), runs
+    product = runs["refund_workflow (product)"]
+    # Parked, recovered and waiting again, then the approved ones paid; new refunds were not held up.
+    assert product["parked"] == 6 and product["kill_to_all_parked_s"] > 0
+    assert (product["approved"], product["completed"]) == (3, 3)
+    assert product["auto_refund_while_parked_s"] is not None
+    assert product["auto_refund_after_restart_s"] is not None
+    assert product["operations_before_wait"] == 12
+    assert runs["floor: wait only"]["operations_before_wait"] == 1
+    assert runs["floor: 11 no-op steps, then wait"]["operations_before_wait"] == 12
