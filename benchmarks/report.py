@@ -248,6 +248,14 @@ def plots(results: dict[str, Any], out_dir: Path, stamp: str) -> list[str]:
     import matplotlib.pyplot as plt
 
     names: list[str] = []
+
+    def save(fig: Any, kind: str) -> str:
+        fig.tight_layout()
+        name = f"suite-{kind}-{stamp}.png"
+        fig.savefig(out_dir / name, dpi=90)
+        plt.close(fig)
+        return name
+
     cost = results.get("cost")
     if cost:
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -261,11 +269,7 @@ def plots(results: dict[str, Any], out_dir: Path, stamp: str) -> list[str]:
             ax.set_xticks(list(xs), [v.replace("_", "\n") for v in variants], fontsize=8)
             ax.set_title(f"per refund, {backend}")
             ax.legend(fontsize=8)
-        fig.tight_layout()
-        name = f"suite-cost-{stamp}.png"
-        fig.savefig(out_dir / name, dpi=90)
-        plt.close(fig)
-        names.append(name)
+        names.append(save(fig, "cost"))
     tp = results.get("throughput")
     if tp:
         fig, ax = plt.subplots(figsize=(7, 4.2))
@@ -278,11 +282,7 @@ def plots(results: dict[str, Any], out_dir: Path, stamp: str) -> list[str]:
         ax.set_ylabel("refunds/s")
         ax.legend(fontsize=8)
         ax.set_title("throughput")
-        fig.tight_layout()
-        name = f"suite-throughput-{stamp}.png"
-        fig.savefig(out_dir / name, dpi=90)
-        plt.close(fig)
-        names.append(name)
+        names.append(save(fig, "throughput"))
     runs = [r for r in (results.get("parked") or {}).get("runs", []) if "error" not in r]
     if runs:
         counts = sorted({r["parked"] for r in runs})
@@ -302,11 +302,7 @@ def plots(results: dict[str, Any], out_dir: Path, stamp: str) -> list[str]:
             if key == "kill_to_all_parked_s":
                 ax.axhline(60, color="grey", linestyle="--", linewidth=1, label="target: 60 s")
             ax.legend(fontsize=7)
-        fig.tight_layout()
-        name = f"suite-parked-{stamp}.png"
-        fig.savefig(out_dir / name, dpi=90)
-        plt.close(fig)
-        names.append(name)
+        names.append(save(fig, "parked"))
     return names
 
 

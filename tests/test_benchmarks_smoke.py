@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,22 +20,27 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def test_benchmark_suite_writes_results(tmp_path: Path) -> None:
+def _run_suite(tmp_path: Path, args: list[str], timeout: float) -> tuple[dict[str, Any], str]:
+    """``python -m benchmarks`` with these arguments, writing into ``tmp_path``: its results and its output."""
     root = Path(__file__).resolve().parents[1]
-    args = ["--sections", "cost", "--rounds", "1", "--refunds", "1", "--count-refunds", "0"]
-    args += ["--no-readme", "--results-dir", str(tmp_path), "--postgres-url", PG_SERVER]
+    args = [*args, "--no-readme", "--results-dir", str(tmp_path), "--postgres-url", PG_SERVER]
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks", *args],
         cwd=root,
         env={**os.environ, "PYTHONPATH": str(root)},
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=timeout,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     [result_file] = tmp_path.glob("suite-*.json")
-    results = json.loads(result_file.read_text())
+    return json.loads(result_file.read_text()), done.stdout
+
+
+def test_benchmark_suite_writes_results(tmp_path: Path) -> None:
+    args = ["--sections", "cost", "--rounds", "1", "--refunds", "1", "--count-refunds", "0"]
+    results, stdout = _run_suite(tmp_path, args, timeout=240)
     summary = results["cost"]["summary"]
     for backend in ("postgres", "sqlite"):
         rows = summary[backend]["rows"]
@@ -43,25 +49,13 @@ def test_benchmark_suite_writes_results(tmp_path: Path) -> None:
         assert all(row["wall_ms"] > 0 for row in rows.values())
         assert summary[backend]["checkpoints_per_refund"] > 0
     assert list(tmp_path.glob("suite-cost-*.png"))
-    assert "Durability cost per refund" in done.stdout
+    assert "Durability cost per refund" in stdout
 
 
 def test_parked_section_parks_recovers_and_approves_through_the_queue(tmp_path: Path) -> None:
-    root = Path(__file__).resolve().parents[1]
     args = ["--sections", "parked", "--parked", "6", "--approvals", "3", "--polling-rounds", "0"]
-    args += ["--no-readme", "--results-dir", str(tmp_path), "--postgres-url", PG_SERVER]
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks", *args],
-        cwd=root,
-        env={**os.environ, "PYTHONPATH": str(root)},
-        capture_output=True,
-        text=True,
-        timeout=280,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    [result_file] = tmp_path.glob("suite-*.json")
-    runs = {run["load"]: run for run in json.loads(result_file.read_text())["parked"]["runs"]}
+    results, _ = _run_suite(tmp_path, args, timeout=280)
+    runs = {run["load"]: run for run in results["parked"]["runs"]}
     assert set(runs) == {"refund_workflow (product)", "floor: wait only", "floor: 11 no-op steps, then wait"}, runs
     assert all("error" not in run for run in runs.values()), runs
     product = runs["refund_workflow (product)"]
