@@ -163,6 +163,21 @@ def release(engine: sa.Engine, lease: Lease) -> None:
         )
 
 
+def release_quietly(engine: sa.Engine, lease: Lease) -> bool:
+    """``release``, tried again once (a first failure on a cut connection resets the pool); False if it failed.
+
+    A stopping process must stop even when the database is away: an unreleased lease goes stale, and
+    survivors or a restart take the id over then."""
+    for attempt in (1, 2):
+        try:
+            release(engine, lease)
+            return True
+        except sa.exc.SQLAlchemyError as error:
+            if attempt == 2:
+                log.warning("executor %s: lease not released (%s)", lease.executor_id, type(error).__name__)
+    return False
+
+
 def renew(engine: sa.Engine, lease: Lease) -> bool:
     """Renew the lease; False when someone else holds it now (we were declared dead)."""
     with engine.begin() as conn:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import logging
+import sqlite3
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import psycopg
+import sqlalchemy.exc
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -39,10 +42,38 @@ class Problem(Exception):
         self.extra = extra
 
 
-def problem(status: int, detail: str, **extra: Any) -> JSONResponse:
+def problem(status: int, detail: str, *, headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
     body = {"type": "about:blank", "title": TITLES.get(status, "Error"), "status": status, "detail": detail, **extra}
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    if status == 401:
+        headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
     return JSONResponse(body, status_code=status, media_type="application/problem+json", headers=headers)
+
+
+RETRY_AFTER_SECONDS = 1
+
+
+def transient_database_error(error: BaseException) -> str | None:
+    """The name of the database error behind ``error`` if retrying the request can succeed, else None.
+
+    Lost or refused connections, a restarting server, deadlocks, serialization failures, timeouts, an
+    exhausted pool, a busy SQLite file: the database did nothing wrong with the request, it just could
+    not finish it now.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, sqlalchemy.exc.TimeoutError):  # no pooled connection free in time
+            return type(current).__name__
+        if isinstance(current, sqlalchemy.exc.DBAPIError) and current.connection_invalidated:
+            return type(current.orig).__name__
+        if isinstance(current, psycopg.OperationalError):  # connection, shutdown, deadlock, serialization, timeouts
+            return type(current).__name__
+        if isinstance(current, sqlite3.OperationalError) and ("locked" in str(current) or "busy" in str(current)):
+            return type(current).__name__
+        orig = getattr(current, "orig", None)
+        current = orig if isinstance(orig, BaseException) else current.__cause__ or current.__context__
+    return None
 
 
 def _validation_detail(error: RequestValidationError) -> str:
@@ -66,8 +97,32 @@ def install(app: FastAPI) -> None:
     async def _invalid(_: Request, exc: RequestValidationError) -> Response:
         return problem(422, _validation_detail(exc))
 
+    def unavailable(request: Request, transient: str) -> Response:
+        log.warning("database unavailable (%s) on %s %s", transient, request.method, request.url.path)
+        return problem(
+            503,
+            f"the database could not finish this request ({transient}); nothing was changed by the failed part "
+            "of it, and the same request can be sent again (POST /refunds with the same Idempotency-Key)",
+            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+        )
+
+    # Database errors are answered here, not by the catch-all below: Starlette re-raises what reaches the
+    # catch-all, and uvicorn then closes the connection a client would send its retry on.
+    async def _database(request: Request, exc: Exception) -> Response:
+        transient = transient_database_error(exc)
+        if transient is not None:
+            return unavailable(request, transient)
+        log.error("database error %s on %s %s", type(exc).__name__, request.method, request.url.path, exc_info=exc)
+        return problem(500, "internal error; nothing was changed by the failed part of this request")
+
+    for database_error in (sqlalchemy.exc.SQLAlchemyError, psycopg.Error, sqlite3.Error):
+        app.add_exception_handler(database_error, _database)
+
     @app.exception_handler(Exception)
     async def _crash(request: Request, exc: Exception) -> Response:
+        transient = transient_database_error(exc)  # e.g. wrapped by DBOS
+        if transient is not None:
+            return unavailable(request, transient)
         log.error("unhandled %s on %s %s", type(exc).__name__, request.method, request.url.path)
         return problem(500, "internal error; nothing was changed by the failed part of this request")
 

@@ -155,7 +155,7 @@ def start(settings: Settings | None = None, *, worker: bool = True, migrate: boo
     try:
         DBOS(config=dbos_config(settings))
     except BaseException:
-        heartbeat.release(lease_engine, lease)
+        heartbeat.release_quietly(lease_engine, lease)
         lease_engine.dispose()
         raise
     open_app_database(settings.app_database_url, durable=True)
@@ -256,7 +256,7 @@ def stop(workflow_completion_timeout_sec: int = 0) -> None:
     DBOS.destroy(workflow_completion_timeout_sec=workflow_completion_timeout_sec)
     if rt is not None and rt.heartbeat is not None and rt.lease is not None:
         rt.heartbeat.stop()
-        heartbeat.release(rt.heartbeat.engine, rt.lease)
+        heartbeat.release_quietly(rt.heartbeat.engine, rt.lease)
         rt.heartbeat.engine.dispose()
     # DBOS 3.4 keeps the destroyed instance in its registry, where a launched one refuses every datasource
     # made later in this process (the eval harness makes one per run); forget it, as before the first launch.

@@ -17,14 +17,16 @@ from typing import Any
 from urllib.parse import urlencode
 
 import httpx
+import psycopg
 import pytest
+import sqlalchemy as sa
 
 from agent import runtime, tokens
 from agent.processes import child_env, free_port, http_ok, spawn, stop, wait_for
 from steps.seed import seed
 from steps.store import app_db, close_app_database, open_app_database
 from tests.capture import CaptureServer
-from tests.conftest import Env
+from tests.conftest import PG_SERVER, Env
 
 TOKEN = "test-api-token"
 SECRET = b"test-signing-secret"
@@ -308,6 +310,59 @@ def test_twenty_concurrent_submits_with_one_key_make_one_refund(env: Env, server
     assert {r.json()["refund_id"] for r in responses} == {"http-same-key-01"}
     assert server.until("http-same-key-01", *FINAL)["status"] == "completed"
     assert len(env.sandbox.refunds("ch_ord_1001")) == 1
+
+
+def _cut_app_database_connections(env: Env) -> int:
+    """End every server session on the application database, as a Postgres restart or failover would."""
+    name = env.dbs.app_url.rsplit("/", 1)[1]
+    with psycopg.connect(PG_SERVER.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as conn:
+        cut = conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            (name,),
+        ).fetchall()
+    return len(cut)
+
+
+def test_lost_database_connections_answer_503_then_the_retry_succeeds_and_a_stop_is_clean(
+    env: Env, server: Server
+) -> None:
+    if env.backend != "postgres":
+        pytest.skip("cuts Postgres sessions")
+    warm = server.submit("http-warm-0001", "ord_1001").json()["refund_id"]
+    assert server.until(warm, *FINAL)["status"] == "completed"
+    answered: dict[str, httpx.Response] = {}
+    # The worker's lease renewal shares the database and may meet a cut connection first, healing the pool
+    # before the request does; cut and submit again until a request is the one that meets it.
+    for attempt in range(10):
+        server.status(warm)  # the pool holds a live connection again
+        assert _cut_app_database_connections(env) > 0
+        key = f"http-cut-{attempt:04d}"
+        answered[key] = server.submit(key, "ord_1002", amount="1.00", currency="USD")
+        if answered[key].status_code == 503:
+            break
+    assert {r.status_code for r in answered.values()} <= {202, 503}, {k: r.text for k, r in answered.items()}
+    unavailable = answered[key]
+    assert unavailable.status_code == 503, "no request met a cut connection in 10 attempts"
+    assert unavailable.headers["Retry-After"] == "1"
+    assert unavailable.headers["content-type"] == "application/problem+json"
+    assert "Idempotency-Key" in unavailable.json()["detail"]
+    # The retry goes out on the same keep-alive connection: the 503 did not close it.
+    assert server.submit(key, "ord_1002", amount="1.00", currency="USD").status_code in (200, 202)
+    for k in answered:
+        assert server.until(k, *FINAL)["status"] == "completed"
+    paid = [r["metadata"]["refund_id"] for r in env.sandbox.refunds("ch_ord_1002")]
+    assert sorted(paid) == sorted(answered)
+    # A stop right after another cut still drains, releases the executor lease and exits 0.
+    server.status(warm)
+    assert _cut_app_database_connections(env) > 0
+    assert server.proc is not None
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(60) == 0
+    with env.app_engine().connect() as conn:
+        state = conn.execute(
+            sa.text("SELECT state FROM executor_leases WHERE executor_id = 'test-server'")
+        ).scalar_one()
+    assert state == "stopped"
 
 
 def test_server_killed_while_parked_finishes_after_restart(env: Env, server: Server) -> None:
