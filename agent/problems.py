@@ -71,8 +71,7 @@ def transient_database_error(error: BaseException) -> str | None:
             return type(current).__name__
         if isinstance(current, sqlite3.OperationalError) and ("locked" in str(current) or "busy" in str(current)):
             return type(current).__name__
-        orig = getattr(current, "orig", None)
-        current = orig if isinstance(orig, BaseException) else current.__cause__ or current.__context__
+        current = current.__cause__ or current.__context__  # SQLAlchemy raises its errors from the driver's
     return None
 
 

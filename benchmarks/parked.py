@@ -165,6 +165,16 @@ def _completion_times(system_url: str, ids: list[str]) -> dict[str, float]:
     return {r.workflow_uuid: r.updated_at / 1000 for r in rows}
 
 
+def _await_completions(system_url: str, ids: list[str], timeout: float, interval: float) -> dict[str, float]:
+    """When each of ``ids`` ended (unix time), polling until all have or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    done = _completion_times(system_url, ids)
+    while len(done) < len(ids) and time.monotonic() < deadline:
+        time.sleep(interval)
+        done = _completion_times(system_url, ids)
+    return done
+
+
 def _parked_ids(system_url: str) -> list[str]:
     statement = "SELECT workflow_uuid FROM dbos.workflow_status WHERE status = 'PENDING' ORDER BY created_at"
     rows = _query(system_url, statement)
@@ -215,13 +225,8 @@ def _auto_refund(client: Any, settings: Settings, system_url: str, key: str, tim
     """Submit one auto-approved refund now; seconds until its workflow ended, or None if it did not."""
     sent = time.time()
     _submit(client, key, AUTO_AMOUNT, settings)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        done = _completion_times(system_url, [key])
-        if key in done:
-            return done[key] - sent
-        time.sleep(0.2)
-    return None
+    done = _await_completions(system_url, [key], timeout, interval=0.2)
+    return done[key] - sent if key in done else None
 
 
 def run_one(
@@ -327,11 +332,7 @@ def _approve(client: Any, system_url: str, worker: Worker, k: int, rate: float) 
         sent[refund_id] = time.time()
         approvals.decide_pending(client, refund_id=refund_id, decision="approve", approver="bench")
         time.sleep(max(0.0, 1 / rate - (time.time() - sent[refund_id])))
-    deadline = time.monotonic() + 120
-    done: dict[str, float] = {}
-    while time.monotonic() < deadline and len(done) < len(ids):
-        done = _completion_times(system_url, ids)
-        time.sleep(0.5)
+    done = _await_completions(system_url, ids, 120, interval=0.5)
     latencies = [done[i] - sent[i] for i in ids if i in done]
     return {
         "full_gc_approvals": _pauses(worker, min(sent.values(), default=0), max(done.values(), default=0)),
