@@ -16,7 +16,7 @@ from dbos import DBOSClient
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from agent import policy, tokens
+from agent import approvals, policy, tokens
 from agent.domain import RefundRequest
 from agent.problems import Problem
 from agent.settings import Settings
@@ -37,6 +37,8 @@ class Services:
     limits: policy.Limits
     api_token: str
     signing_secret: bytes
+    decider: approvals.Decider
+    """Runs a refund's decision workflow: in this process, where DBOS is launched."""
 
 
 def services(request: Request) -> Services:
@@ -104,7 +106,6 @@ def create_refund(
             svc.client,
             idempotency_key=idempotency_key,
             request=request,
-            app_version=svc.settings.refund_agent_app_version,
         )
     except SubmissionError as error:
         raise Problem(error.status, str(error)) from error

@@ -44,7 +44,7 @@ def decide(svc: Services, refund_id: str, decision: approvals.Decision, approver
         raise Problem(403, "this approval token is for another refund")
     try:
         result = approvals.decide(
-            svc.client,
+            svc.decider,
             refund_id=refund_id,
             decision=decision,
             approver=approver,
@@ -85,7 +85,7 @@ def approval_page(token: str, svc: ServicesDep, decision: str | None = None) -> 
         return _page(
             "Approval link not valid", f"<p>{html.escape(str(error))}</p>", 410 if error.code == "expired" else 401
         )
-    pending = approvals.pending_request(svc.client, claims.refund_id) or {}
+    pending = approvals.pending_request(claims.refund_id) or {}
     with app_db().engine.connect() as conn:
         row = conn.execute(
             sa.text("SELECT order_id FROM refunds WHERE refund_id = :r"), {"r": claims.refund_id}

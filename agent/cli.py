@@ -62,7 +62,6 @@ def cmd_worker(_: argparse.Namespace) -> int:
         metrics.serve_worker_metrics(settings)
     print(f"worker {rt.settings.refund_agent_executor_id} running refunds ({rt.model_label}); Ctrl-C stops it")
     stop.wait()
-    runtime.stop_taking_work()
     logging.getLogger(__name__).info(
         "stopping: no new refunds; in-flight ones get %ss to finish", settings.shutdown_timeout_seconds
     )
@@ -117,7 +116,6 @@ def cmd_submit(args: argparse.Namespace) -> int:
             client,
             idempotency_key=args.key,
             request=request,
-            app_version=get_settings().refund_agent_app_version,
         )
     except (SubmissionError, ValueError, InvalidOperation) as error:
         print(f"refused: {error}", file=sys.stderr)
@@ -144,7 +142,8 @@ def cmd_decide(args: argparse.Namespace) -> int:
     client = _open()
     decision: approvals.Decision = "approve" if args.command == "approve" else "reject"
     try:
-        result = approvals.decide_pending(client, refund_id=args.refund_id, decision=decision, approver=args.approver)
+        run = approvals.decider_via_queue(client)
+        result = approvals.decide_pending(run, refund_id=args.refund_id, decision=decision, approver=args.approver)
     except approvals.ApprovalError as error:
         print(f"refused ({error.code}): {error}", file=sys.stderr)
         return 2

@@ -16,7 +16,7 @@ from agent import approvals
 from agent.domain import RefundRequest
 from agent.processes import child_env, free_port, http_ok, spawn, stop, wait_for
 from agent.settings import Settings
-from agent.status import refund_status
+from agent.status import parked, refund_status
 from agent.submit import Submission, submit_refund
 from steps import audit, notify
 from steps.orders import get_order
@@ -92,9 +92,7 @@ class Demo:
         )
 
         def submit() -> Submission:
-            return submit_refund(
-                client, idempotency_key=REFUND_ID, request=request, app_version=self.settings.refund_agent_app_version
-            )
+            return submit_refund(client, idempotency_key=REFUND_ID, request=request)
 
         first, again = submit(), submit()
         self.say(f"submitted refund {REFUND_ID} for order ord_1002 (4,200.00 USD captured)")
@@ -103,13 +101,14 @@ class Demo:
             first.refund_id == again.refund_id and first.created and not again.created,
         )
 
-        pending = wait_for(lambda: approvals.pending_request(client, REFUND_ID), timeout=60, what="approval request")
+        pending = wait_for(lambda: parked(client, REFUND_ID), timeout=60, what="the refund to park")
         self.say(
             f"agent proposed {pending['amount']} {pending['currency']}; policy: above the auto-approve limit "
-            "-> parked for approval (recv on a durable deadline; no thread held)"
+            "-> parked for approval: its workflow ended; a DELAYED deadline row is all that waits"
         )
-        result = approvals.decide_pending(client, refund_id=REFUND_ID, decision="approve", approver="dana@support")
-        repeat = approvals.decide_pending(client, refund_id=REFUND_ID, decision="reject", approver="eve@support")
+        decider = approvals.decider_via_queue(client)
+        result = approvals.decide_pending(decider, refund_id=REFUND_ID, decision="approve", approver="dana@support")
+        repeat = approvals.decide_pending(decider, refund_id=REFUND_ID, decision="reject", approver="eve@support")
         self.say(f"approved by {result.record.approver}; a late reject by eve@support got the recorded decision back")
         self.check(
             "first decision wins; a second decision changes nothing",
@@ -126,7 +125,9 @@ class Demo:
         self.check("provider already holds the refund", len(ledger) == 1)
 
         replacement = self.start(["worker"], "worker-2.log")
-        self.say(f"replacement worker {EXECUTOR} started (pid {replacement.pid}); DBOS recovers the pending workflow")
+        self.say(
+            f"replacement worker {EXECUTOR} started (pid {replacement.pid}); DBOS recovers the refund's continuation"
+        )
 
         def done() -> dict[str, Any] | None:
             status = refund_status(client, REFUND_ID)
@@ -163,12 +164,12 @@ class Demo:
             order is not None and order.amount_refunded == Decimal("4200.00"),
         )
         self.check(f"audit chain verifies ({chain.entries} entries)", chain.ok)
-        print("\nTimeline of DBOS steps (refund " + REFUND_ID + "):")
+        print("\nTimeline of DBOS steps (refund " + REFUND_ID + ", across its workflows):")
         for step in steps:
             took = f"{step['duration_ms']:>6} ms" if step["duration_ms"] is not None else "      -"
-            print(
-                f"  {step['step']:>3}  {step['name']:<28} {(step['start'] or '')[11:23]}  {took}  {step['error'] or ''}"
-            )
+            run = step["workflow"].removeprefix(REFUND_ID) or "(refund)"
+            start = (step["start"] or "")[11:23]
+            print(f"  {run:<10} {step['step']:>3}  {step['name']:<34} {start}  {took}  {step['error'] or ''}")
         print("\nAudit trail: " + " -> ".join(events))
         with app_db().engine.connect() as conn:
             for message in notify.messages(conn, REFUND_ID):
@@ -191,5 +192,5 @@ def run_demo(settings: Settings, *, out: Callable[[str], None] = print) -> int:
         demo.close()
     passed = sum(1 for _, good in demo.checks if good)
     out(f"\n{passed}/{len(demo.checks)} checks passed in {time.monotonic() - demo.t0:.1f}s; logs in {demo.dir}")
-    out(f"Inspect it with DBOS's CLI: dbos workflow steps {REFUND_ID} -s sqlite:///{demo.dir}/dbos_system.sqlite")
+    out(f"Inspect it with DBOS's CLI: dbos workflow list -s sqlite:///{demo.dir}/dbos_system.sqlite")
     return 0 if ok else 1

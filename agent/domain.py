@@ -12,27 +12,23 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from steps.records import CURRENCY_EXPONENTS, ApprovalRecord
 
 __all__ = [
-    "OUTCOME_EVENT",
-    "PHASE_EVENT",
     "ApprovalRecord",
     "Phase",
     "RefundProposal",
     "RefundRequest",
     "Verdict",
     "VerdictKind",
+    "declined_reply",
+    "paid_reply",
+    "refund_id_of",
 ]
 
 MAX_MESSAGE_CHARS = 4000
 _ORDER_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 
-# Durable names: events every refund workflow publishes; never rename them.
-PHASE_EVENT = "phase"
-OUTCOME_EVENT = "outcome"
-
-
 class Phase(StrEnum):
-    """Where a refund is; published with ``DBOS.set_event`` under ``PHASE_EVENT``."""
+    """Where a refund is: the ``status`` of its row, written in the same transaction as each step's effect."""
 
     RECEIVED = "received"
     DECIDING = "deciding"
@@ -134,3 +130,22 @@ class Verdict(BaseModel):
     @property
     def summary(self) -> str:
         return f"{self.kind}: {'; '.join(self.reasons) or 'within policy'}"
+
+
+def refund_id_of(workflow_id: str) -> str:
+    """The refund a workflow belongs to: its own id, or the part before '/' (``{refund_id}/settle``, ...)."""
+    return workflow_id.split("/", 1)[0]
+
+
+def paid_reply(amount: Decimal, currency: str) -> str:
+    return (
+        f"Your refund of {amount} {currency} has been approved and sent. It will reach your "
+        "original payment method within 5-10 business days."
+    )
+
+
+def declined_reply(amount: Decimal, currency: str) -> str:
+    return (
+        f"We are sorry: after review we cannot refund {amount} {currency} on this order. "
+        "Reply to this message if you would like us to take another look."
+    )

@@ -4,13 +4,16 @@ Every process that launches DBOS holds a lease row on its executor id in the app
 renews it every few seconds. A second process that asks for an id whose lease is fresh and held by a
 process that is still alive is refused (two processes with one executor id would run the same steps).
 Every process also sweeps the table: an executor whose lease went stale (killed, OOM, machine gone) or
-that stopped for good has its PENDING workflows handed back to their queue through DBOS's own recovery
-(``DBOS._recover_pending_workflows``), where any live worker dequeues them.
+that stopped for good has its PENDING workflows handed back to their queue with ``DBOS.resume_workflow``
+(a public call: it re-enqueues a workflow that has not finished and clears its owner), where any live
+worker dequeues them. A workflow that was started directly, not from a queue (a decision taken in an API
+process), goes to the fallback queue.
 
-Two survivors racing for the same dead executor are safe twice over: the sweep first takes the dead
-executor's lease with a compare-and-set on its token (one sweeper wins), and DBOS's recovery only
-re-enqueues rows still PENDING under the dead executor id, which a single ENQUEUED -> PENDING dequeue
-then hands to exactly one worker. Times are the database's clock, so hosts with skewed clocks agree.
+Two survivors racing for the same dead executor are safe: the sweep first takes the dead executor's
+lease with a compare-and-set on its token (one sweeper wins, and only it lists and resumes the dead
+executor's workflows), and a single ENQUEUED -> PENDING dequeue then hands each to exactly one worker.
+The dead process cannot be running any of them: its lease is stale, or it released it when it stopped.
+Times are the database's clock, so hosts with skewed clocks agree.
 """
 
 from __future__ import annotations
@@ -230,18 +233,28 @@ def mark_recovered(engine: sa.Engine, lease: Lease, executor_id: str) -> None:
         )
 
 
-def recover_dead_executors(engine: sa.Engine, lease: Lease, *, stale_after: float) -> dict[str, int]:
+def resume_pending(executor_id: str, *, fallback_queue: str) -> int:
+    """Re-enqueue every PENDING workflow of ``executor_id`` on its own queue (or the fallback); how many."""
+    pending = DBOS.list_workflows(status="PENDING", executor_id=executor_id, load_input=False, load_output=False)
+    for workflow in pending:
+        DBOS.resume_workflow(workflow.workflow_id, queue_name=workflow.queue_name or fallback_queue)
+    return len(pending)
+
+
+def recover_dead_executors(
+    engine: sa.Engine, lease: Lease, *, stale_after: float, fallback_queue: str
+) -> dict[str, int]:
     """Hand the PENDING workflows of dead executors back to their queues; executor id -> workflows."""
     recovered: dict[str, int] = {}
     for dead, age_ms in claim_dead(engine, lease, stale_after=stale_after):
-        handles = DBOS._recover_pending_workflows([dead])
+        resumed = resume_pending(dead, fallback_queue=fallback_queue)
         mark_recovered(engine, lease, dead)
-        recovered[dead] = len(handles)
+        recovered[dead] = resumed
         log.warning(
             "executor %s last renewed its lease %.1fs ago: re-enqueued its %d pending workflows",
             dead,
             age_ms / 1000,
-            len(handles),
+            resumed,
         )
     return recovered
 
@@ -257,8 +270,10 @@ class Heartbeat:
         interval: float,
         stale_after: float,
         on_lost: Callable[[], None],
+        fallback_queue: str,
     ) -> None:
         self.engine, self.lease = engine, lease
+        self.fallback_queue = fallback_queue
         self.interval, self.stale_after = interval, stale_after
         self.on_lost = on_lost
         self._stop = threading.Event()
@@ -279,6 +294,8 @@ class Heartbeat:
                     log.critical("executor %s lost its lease to another process", self.lease.executor_id)
                     self.on_lost()
                     return
-                recover_dead_executors(self.engine, self.lease, stale_after=self.stale_after)
+                recover_dead_executors(
+                    self.engine, self.lease, stale_after=self.stale_after, fallback_queue=self.fallback_queue
+                )
             except Exception as error:  # a database blip: try again on the next beat
                 log.warning("executor heartbeat failed: %s: %s", type(error).__name__, error)

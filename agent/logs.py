@@ -7,6 +7,9 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
+from dbos import DBOS
+
+from agent.domain import refund_id_of
 from agent.settings import Settings
 
 # Attributes every LogRecord has; anything else on a record was passed through ``extra=`` and is kept.
@@ -19,11 +22,9 @@ _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
 
 
 def current_refund_id() -> str | None:
-    """The workflow id of the DBOS workflow this thread or task runs, if any: refunds use their id as it."""
-    from dbos._context import get_local_dbos_context
-
-    ctx = get_local_dbos_context()
-    return ctx.workflow_id if ctx is not None and ctx.workflow_id else None
+    """The refund whose workflow this thread or task runs, if any (workflow ids derive from refund ids)."""
+    workflow_id = DBOS.workflow_id
+    return refund_id_of(workflow_id) if workflow_id else None
 
 
 class RefundIdFilter(logging.Filter):

@@ -10,12 +10,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dbos import DBOS, DBOSClient, DBOSConfig
-from dbos._dbos import _get_or_create_dbos_registry
-from dbos._queue import QueueRateLimit
 from pydantic_ai import Agent
 from pydantic_ai.models import Model
 
 from agent import heartbeat
+from agent.approvals import APPROVAL_QUEUE
 from agent.settings import Settings, get_settings
 from steps import faults, notify, payments
 from steps.store import close_app_database, create_engine, normalize_url, open_app_database
@@ -28,6 +27,7 @@ log = logging.getLogger(__name__)
 
 APP_NAME = "refund-agent"
 REFUND_QUEUE = "refunds"  # durable: enqueued refunds name it
+QUEUES = (REFUND_QUEUE, APPROVAL_QUEUE)  # a worker runs both; an API-only process neither
 
 
 @dataclass
@@ -99,13 +99,6 @@ def dbos_config(settings: Settings) -> DBOSConfig:
     return config
 
 
-def queue_limiter(settings: Settings) -> QueueRateLimit | None:
-    """The refunds queue's rate limit: refunds started per minute across every worker, or none."""
-    if settings.queue_rate_limit_per_minute is None:
-        return None
-    return QueueRateLimit(limit=settings.queue_rate_limit_per_minute, period=60.0)
-
-
 def migrate_databases(settings: Settings) -> None:
     """Create or migrate both databases: DBOS's system tables and the application schema (Alembic)."""
     from steps.migrate import upgrade
@@ -142,7 +135,8 @@ def start(settings: Settings | None = None, *, worker: bool = True, migrate: boo
         Agent.instrument_all(InstrumentationSettings(include_content=False, include_binary_content=False))
     model, label = select_model(settings)
     agent = _agents.get(label) or _agents.setdefault(label, build_agent(model))
-    importlib.import_module("agent.workflow")  # registers the workflow before launch, for recovery
+    for module in ("agent.workflow", "agent.approval_workflows"):  # registered before launch, for recovery
+        importlib.import_module(module)
     lease_engine = heartbeat.lease_engine(settings.app_database_url)
     lease = heartbeat.claim(
         lease_engine,
@@ -178,6 +172,7 @@ def start(settings: Settings | None = None, *, worker: bool = True, migrate: boo
         interval=settings.executor_heartbeat_seconds,
         stale_after=settings.executor_stale_after_seconds,
         on_lost=_lease_lost,
+        fallback_queue=APPROVAL_QUEUE,
     )
     _runtime = Runtime(
         settings=settings,
@@ -192,12 +187,21 @@ def start(settings: Settings | None = None, *, worker: bool = True, migrate: boo
         DBOS.listen_queues([])
     _freeze_startup_heap()
     DBOS.launch()
+    # Stored in the system database: the last process of the latest version started sets them for all.
+    rate = settings.queue_rate_limit_per_minute
     DBOS.register_queue(
         REFUND_QUEUE,
         worker_concurrency=settings.queue_worker_concurrency,
-        limiter=queue_limiter(settings),
+        limiter={"limit": rate, "period": 60.0} if rate is not None else None,
         polling_interval_sec=settings.queue_polling_interval_seconds,
-    )  # stored in the system database: the last process of the latest version started sets it for all
+    )
+    # Decisions, deadlines and continuations: their own slots, so a backlog of new refunds never delays an
+    # approved payment, and 10,000 deadlines falling due at once never stop new refunds from starting.
+    DBOS.register_queue(
+        APPROVAL_QUEUE,
+        worker_concurrency=settings.approval_queue_worker_concurrency,
+        polling_interval_sec=settings.queue_polling_interval_seconds,
+    )
     beat.start()
     log.info(
         "refund runtime started: executor=%s version=%s model=%s worker=%s",
@@ -229,27 +233,12 @@ def _lease_lost() -> None:
     os._exit(EXIT_LEASE_LOST)
 
 
-def stop_taking_work(timeout: float = 15.0) -> None:
-    """Stop dequeuing refunds; workflows already running continue.
-
-    DBOS.destroy does this first too, but gives no signal when it is done; here the queue threads are
-    joined, so once this returns nothing enqueued later is taken by this process.
-    """
-    from dbos._dbos import _get_dbos_instance
-
-    dbos = _get_dbos_instance()
-    for event in dbos.background_thread_stop_events:
-        event.set()
-    for thread in dbos._background_threads:
-        if "(queue_thread)" in thread.name:  # Python names a thread after its target
-            thread.join(timeout)
-
-
 def stop(workflow_completion_timeout_sec: int = 0) -> None:
     """Stop taking work, give in-flight workflows the timeout to finish, then release the executor lease.
 
-    The lease keeps being renewed while DBOS drains, so no survivor takes over work that is finishing here;
-    once released, what is left PENDING is recovered by a restart with this id or by a survivor's sweep.
+    ``DBOS.destroy`` stops dequeuing first, then waits for what runs. The lease keeps being renewed while
+    DBOS drains, so no survivor takes over work that is finishing here; once released, what is left
+    PENDING is recovered by a restart with this id or by a survivor's sweep.
     """
     global _runtime
     rt = _runtime
@@ -258,9 +247,6 @@ def stop(workflow_completion_timeout_sec: int = 0) -> None:
         rt.heartbeat.stop()
         heartbeat.release_quietly(rt.heartbeat.engine, rt.lease)
         rt.heartbeat.engine.dispose()
-    # DBOS 3.4 keeps the destroyed instance in its registry, where a launched one refuses every datasource
-    # made later in this process (the eval harness makes one per run); forget it, as before the first launch.
-    _get_or_create_dbos_registry().dbos = None
     close_app_database()
     _runtime = None
     gc.unfreeze()  # what this runtime built is ordinary garbage now

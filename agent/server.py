@@ -71,7 +71,9 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Fast
         if settings.refund_agent_api_token is None:
             log.warning("API token generated: read it from %s", settings.api_token_file())
         client = runtime.client(settings)
-        app.state.services = api.Services(settings, client, rt.limits, token, settings.signing_secret())
+        from agent.approval_workflows import decide_here
+
+        app.state.services = api.Services(settings, client, rt.limits, token, settings.signing_secret(), decide_here)
         app.state.metrics = metrics.api_registry(app_db().engine, client, runtime.REFUND_QUEUE)
         console.setup(app, settings)
         try:

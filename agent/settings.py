@@ -87,9 +87,11 @@ class Settings(BaseSettings):
     """How long the provider remembers idempotency keys (Stripe: 24 h)."""
 
     queue_worker_concurrency: int = 4
+    """Refunds a worker decides at once (the ``refunds`` queue)."""
+    approval_queue_worker_concurrency: int = 4
+    """Decisions, deadlines and approved payments a worker runs at once (the ``approvals`` queue)."""
     queue_polling_interval_seconds: float = 0.1
-    """How often a worker looks for refunds to dequeue. It takes at most QUEUE_WORKER_CONCURRENCY per look,
-    which bounds how fast it starts new refunds and re-parks waiting ones after a restart."""
+    """How often a worker looks for work on each queue. It takes at most its concurrency per look."""
     notification_polling_interval_seconds: float = 0.25
     refund_agent_crash_at: str | None = None
     """Fault injection for tests and the demo: SIGKILL this process at the named point."""

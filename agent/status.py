@@ -1,85 +1,121 @@
-"""A refund's state as callers see it: phase, amounts, approval, payment and the DBOS step timeline."""
+"""A refund's state as callers see it, across its workflows: phase, amounts, approval, payment, step timeline.
+
+A refund is up to five workflows (``agent.approvals.family``): the one that decides, the decision,
+the continuation that pays, and the deadline and reminder timers; plus any fork an operator made.
+The refund's row says where it is (each step writes it with its effect); the workflows say whether
+something is running, stopped, or finished and with which outcome.
+"""
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
 from dbos import DBOSClient, WorkflowStatus
 
-from agent.approvals import APPROVAL_EVENT
-from agent.domain import OUTCOME_EVENT, PHASE_EVENT
+from agent.approvals import deadline_id, escalation_id, family, request_view, settle_id
 from steps.records import from_minor
-from steps.refunds import recorded_decision
+from steps.refunds import approval_request, recorded_decision
 from steps.store import app_db, refunds
 
 _TERMINAL = {"CANCELLED": "cancelled", "ERROR": "failed", "MAX_RECOVERY_ATTEMPTS_EXCEEDED": "failed"}
-_RUNNING = ("PENDING", "DELAYED")
+_ACTIVE = ("ENQUEUED", "PENDING", "DELAYED")
+FINAL = ("completed", "rejected", "failed", "cancelled")
 
 
 def _ms(value: int | None) -> str | None:
     return datetime.fromtimestamp(value / 1000, UTC).isoformat() if value else None
 
 
-def step_timeline(client: DBOSClient, refund_id: str) -> list[dict[str, Any]]:
-    return [
-        {
-            "step": step["function_id"],
-            "name": step["function_name"],
-            "start": _ms(step["started_at_epoch_ms"]),
-            "end": _ms(step["completed_at_epoch_ms"]),
-            "duration_ms": (end - start)
-            if (start := step["started_at_epoch_ms"]) and (end := step["completed_at_epoch_ms"])
-            else None,
-            "error": repr(step["error"]) if step["error"] is not None else None,
-        }
-        for step in client.list_workflow_steps(refund_id, load_output=False)
-    ]
+def workflows_of(client: DBOSClient, refund_id: str) -> list[WorkflowStatus]:
+    """The refund's workflows and their forks, oldest first."""
+    found = client.list_workflows(workflow_ids=family(refund_id), load_input=False, load_output=True)
+    if found:
+        ids = [wf.workflow_id for wf in found]
+        found += client.list_workflows(forked_from=ids, load_input=False, load_output=True)
+    return sorted(found, key=lambda wf: (wf.created_at or 0, wf.workflow_id))
+
+
+def speaking(workflows: list[WorkflowStatus], refund_id: str) -> WorkflowStatus | None:
+    """The run that carries the refund now: the newest fork, else the continuation, else the deciding run."""
+    by_id = {wf.workflow_id: wf for wf in workflows}
+    forks = [wf for wf in workflows if wf.forked_from]
+    if forks:
+        return forks[-1]
+    return by_id.get(settle_id(refund_id)) or by_id.get(refund_id)
+
+
+def outcome_of(workflows: list[WorkflowStatus]) -> dict[str, Any] | None:
+    """The outcome the refund ended with: the result of the run that finished it, newest first."""
+    for wf in reversed(workflows):
+        out = wf.output if wf.status == "SUCCESS" else None
+        if isinstance(out, dict) and out.get("status") in FINAL:
+            return out
+    return None
+
+
+def step_timeline(client: DBOSClient, workflows: list[WorkflowStatus]) -> list[dict[str, Any]]:
+    timeline: list[dict[str, Any]] = []
+    for wf in workflows:
+        for step in client.list_workflow_steps(wf.workflow_id, load_output=False):
+            start, end = step["started_at_epoch_ms"], step["completed_at_epoch_ms"]
+            timeline.append(
+                {
+                    "workflow": wf.workflow_id,
+                    "step": step["function_id"],
+                    "name": step["function_name"],
+                    "start": _ms(start),
+                    "end": _ms(end),
+                    "duration_ms": (end - start) if start and end else None,
+                    "error": repr(step["error"]) if step["error"] is not None else None,
+                }
+            )
+    return timeline
 
 
 def phase_of(
-    client: DBOSClient, workflow: WorkflowStatus | None, row_status: str | None, *, pending: object
-) -> tuple[str, Any]:
-    """A workflow's phase and outcome as callers see them.
-
-    Refunds publish their phase in the refund's row, in the same transaction as each step's effect,
-    and their outcome as the workflow's result; refunds started before the lean-checkpoints patch also
-    published both as events, which still count. ``pending`` is the approval request event, if any:
-    the row says ``awaiting_approval`` a moment before the request it refers to is published.
-    """
-    if workflow is None:
-        return row_status or "received", None
-    if workflow.status in _TERMINAL:
-        return _TERMINAL[workflow.status], None
-    outcome = workflow.output if workflow.status == "SUCCESS" and isinstance(workflow.output, dict) else None
-    outcome = outcome or client.get_event(workflow.workflow_id, OUTCOME_EVENT, timeout_seconds=0)
-    if isinstance(outcome, dict) and outcome.get("status"):
+    workflows: list[WorkflowStatus], refund_id: str, row_status: str | None, decision: str | None
+) -> tuple[str, dict[str, Any] | None]:
+    """The refund's phase and, once it ended, its outcome."""
+    outcome = outcome_of(workflows)
+    if outcome is not None:
         return str(outcome["status"]), outcome
-    event = client.get_event(workflow.workflow_id, PHASE_EVENT, timeout_seconds=0)
+    current = speaking(workflows, refund_id)
+    if current is not None and current.status in _TERMINAL:
+        return _TERMINAL[current.status], None
     phase = row_status or "received"
+    running = current is not None and current.status in _ACTIVE
     # "cancelled" while running: resumed or forked by hand after a console cancel.
-    if phase in ("received", "cancelled") and workflow.status in _RUNNING:
+    if phase in ("received", "cancelled") and running:
         phase = "deciding"
-    if phase == "awaiting_approval" and not pending:
-        phase = "deciding"
-    return (str(event) if event and phase in ("received", "deciding") else phase), None
+    if phase == "awaiting_approval" and decision is not None:  # decided; the continuation is on its way
+        phase = "paying" if decision == "approve" else "deciding"
+    return phase, None
+
+
+def _timer(workflows: list[WorkflowStatus], workflow_id: str) -> dict[str, Any] | None:
+    wf = next((w for w in workflows if w.workflow_id == workflow_id), None)
+    if wf is None:
+        return None
+    return {"workflow_id": wf.workflow_id, "status": wf.status, "due_at": _ms(wf.delay_until_epoch_ms)}
 
 
 def refund_status(client: DBOSClient, refund_id: str) -> dict[str, Any] | None:
     with app_db().engine.connect() as conn:
         row = conn.execute(sa.select(refunds).where(refunds.c.refund_id == refund_id)).first()
         decision = recorded_decision(conn, refund_id)
-    workflows = client.list_workflows(workflow_ids=[refund_id], load_input=False, load_output=True)
+        request = approval_request(conn, refund_id)
+    workflows = workflows_of(client, refund_id)
     if row is None and not workflows:
         return None
-    pending = client.get_event(refund_id, APPROVAL_EVENT, timeout_seconds=0)
-    # The newest run speaks for the refund: a fork carries on where its original stopped.
-    forks = client.list_workflows(forked_from=refund_id, load_input=False, load_output=True) if workflows else []
-    latest = max(forks, key=lambda wf: wf.created_at or 0) if forks else (workflows[0] if workflows else None)
-    phase, outcome = phase_of(client, latest, row.status if row else None, pending=pending)
+    decided = decision.decision if decision else None
+    phase, outcome = phase_of(workflows, refund_id, row.status if row else None, decided)
+    current = speaking(workflows, refund_id)
     currency = row.currency if row else None
     amount_minor = (row.proposed_amount_minor or row.requested_amount_minor) if row else None
+    pending = request_view(request) if request is not None and decision is None else None
     return {
         "refund_id": refund_id,
         "status": phase,
@@ -92,17 +128,61 @@ def refund_status(client: DBOSClient, refund_id: str) -> dict[str, Any] | None:
         "model": row.model if row else None,
         "approval": {
             "requested": pending,
+            "request": request_view(request) if request else None,
             "decision": decision.decision if decision else None,
             "approver": decision.approver if decision else None,
             "decided_at": decision.decided_at.isoformat() if decision else None,
+            "deadline": _timer(workflows, deadline_id(refund_id)),
+            "escalation": _timer(workflows, escalation_id(refund_id)),
         }
-        if pending or decision
+        if request or decision
         else None,
         "payment": {
             "provider_refund_id": row.provider_refund_id if row else None,
             "idempotency_key": row.idempotency_key if row else None,
         },
         "outcome": outcome,
-        "executor_id": latest.executor_id if latest else None,
-        "steps": step_timeline(client, refund_id) if workflows else [],
+        "executor_id": current.executor_id if current else None,
+        "workflows": [
+            {
+                "workflow_id": wf.workflow_id,
+                "name": wf.name,
+                "status": wf.status,
+                "created_at": _ms(wf.created_at),
+                "due_at": _ms(wf.delay_until_epoch_ms) if wf.status == "DELAYED" else None,
+                "executor_id": wf.executor_id,
+                "app_version": wf.app_version,
+            }
+            for wf in workflows
+        ],
+        "steps": step_timeline(client, workflows),
     }
+
+
+def wait_for_outcome(client: DBOSClient, refund_id: str, *, timeout: float = 120.0) -> dict[str, Any]:
+    """Poll until the refund has ended (paid, refused, failed or cancelled); its outcome, or a TimeoutError."""
+    deadline = time.monotonic() + timeout
+    while True:
+        workflows = workflows_of(client, refund_id)
+        outcome = outcome_of(workflows)
+        if outcome is not None:
+            return outcome
+        current = speaking(workflows, refund_id)
+        if current is not None and current.status in _TERMINAL:
+            return {"refund_id": refund_id, "status": _TERMINAL[current.status], "workflow": current.status}
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"refund {refund_id} did not end within {timeout:.0f}s")
+        time.sleep(0.05)
+
+
+def parked(client: DBOSClient, refund_id: str) -> dict[str, Any] | None:
+    """The pending approval request once the refund has parked: its deciding run ended and its deadline is set."""
+    with app_db().engine.connect() as conn:
+        request = approval_request(conn, refund_id)
+        if request is None or recorded_decision(conn, refund_id) is not None:
+            return None
+    found = {wf.workflow_id: wf for wf in client.list_workflows(workflow_ids=[refund_id, deadline_id(refund_id)])}
+    deciding, deadline = found.get(refund_id), found.get(deadline_id(refund_id))
+    if deciding is None or deciding.status != "SUCCESS" or deadline is None:
+        return None
+    return request_view(request)

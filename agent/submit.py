@@ -50,8 +50,13 @@ def checked_request(request: RefundRequest, order: Order | None) -> RefundReques
     return request.model_copy(update={"currency": order.currency})
 
 
-def submit_refund(client: DBOSClient, *, idempotency_key: str, request: RefundRequest, app_version: str) -> Submission:
-    """Start the refund once per key. The same key and body returns it again; a new body is a conflict."""
+def submit_refund(
+    client: DBOSClient, *, idempotency_key: str, request: RefundRequest, app_version: str | None = None
+) -> Submission:
+    """Start the refund once per key. The same key and body returns it again; a new body is a conflict.
+
+    Without ``app_version`` the refund is version-less: a worker of the latest release deployed takes it,
+    so a refund accepted just before an upgrade is not left to workers of a release that is gone."""
     from agent.runtime import REFUND_QUEUE
     from agent.workflow import REFUND_WORKFLOW
 
@@ -74,8 +79,9 @@ def submit_refund(client: DBOSClient, *, idempotency_key: str, request: RefundRe
         "queue_name": REFUND_QUEUE,
         "workflow_name": REFUND_WORKFLOW,
         "workflow_id": idempotency_key,
-        "app_version": app_version,
     }
+    if app_version is not None:
+        options["app_version"] = app_version
     # Enqueued even when the key was claimed before: a crash between claim and enqueue heals here,
     # and enqueueing an existing workflow id attaches to it.
     client.enqueue(options, idempotency_key, request.model_dump(mode="json"))

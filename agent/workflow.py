@@ -1,62 +1,65 @@
-"""The durable refund workflow: a script of named steps, checkpointed one by one."""
+"""The refund's workflows: each a script of named steps, checkpointed one by one.
+
+``refund_workflow`` (id = the request's Idempotency-Key) decides: it pays at once, refuses, or parks
+the refund for a person and ends. ``settle_refund_workflow`` (id ``{refund_id}/settle``) is started by
+the decision and finishes a parked refund. Between the two, nothing runs (agent/approval_workflows.py).
+"""
 
 from __future__ import annotations
 
 import logging
+from decimal import Decimal
 from typing import Any
 
 from dbos import DBOS
 
 from agent import approvals, policy
+from agent.approval_workflows import start_timers
 from agent.brain import AgentDeps, prompt_for
-from agent.domain import OUTCOME_EVENT, PHASE_EVENT, Phase, RefundProposal, RefundRequest, Verdict
+from agent.domain import ApprovalRecord, Phase, RefundProposal, RefundRequest, Verdict, declined_reply, paid_reply
 from agent.offloop import call
-from agent.runtime import current
-from steps.notify import CustomerMessage, notify_customer_step
+from agent.runtime import Runtime, current
+from steps.faults import crash_point
+from steps.notify import CustomerMessage, notify_approvers_step, slack_approvers_step, slack_enabled
 from steps.orders import load_order_step
 from steps.payments import idempotency_key, issue_refund_step
 from steps.records import OrderSnapshot
 from steps.refunds import (
     PaymentPlan,
-    prepare_payment_step,
+    open_approval_step,
+    prepare_approved_payment_step,
     record_outcome_step,
     record_payment_step,
     record_verdict_and_reserve_step,
     record_verdict_step,
+    standing_decision_step,
 )
 
 log = logging.getLogger(__name__)
 
 # Durable name: recorded with every workflow; never rename it.
 REFUND_WORKFLOW = "refund_workflow"
-# Durable patch name: refunds started with it write fewer checkpoints (see README, "Checkpoints").
-LEAN_CHECKPOINTS = "lean-checkpoints"
+#: How long a continuation waits for the decision its decision workflow sends right after starting it.
+HANDOVER_TIMEOUT_SECONDS = 30.0
 
 
 @DBOS.workflow(name=REFUND_WORKFLOW)
 async def refund_workflow(refund_id: str, request: dict[str, Any]) -> dict[str, Any]:
-    """Agent proposes -> policy decides -> a person approves if needed -> pay once -> record -> tell."""
+    """Agent proposes -> policy decides -> pay now, refuse, or park for a person and end."""
     rt = current()
     req = RefundRequest.model_validate(request)
-    # Refunds started before this patch replay the old shape: phase events and separate read/notify steps.
-    lean = await DBOS.patch_async(LEAN_CHECKPOINTS)
-    if not lean:
-        await DBOS.set_event_async(PHASE_EVENT, Phase.DECIDING.value)
     deps = AgentDeps(refund_id, req, rt.limits)
     try:
-        # Only the output is kept: a refund parked for approval holds its frame for days, and the run's
-        # message history would stay in memory with it.
         proposal = (await rt.agent.run(prompt_for(req), deps=deps)).output
     except Exception as error:  # the model failed or misbehaved through its retries: nothing was paid
         log.error("refund %s: the agent could not decide: %s", refund_id, type(error).__name__)
         detail = f"the agent could not decide ({type(error).__name__}); fork the workflow to retry"
-        return await _finish(refund_id, req, Phase.FAILED, detail, None, lean=lean, snapshot=deps.snapshot)
-    # The agent's own read of the order (a step) is the one policy judges; the old shape read it again.
-    snapshot = deps.snapshot if lean and deps.snapshot is not None else await call(load_order_step, req.order_id)
+        return await finish(refund_id, Phase.FAILED, detail, reply=None)
+    # The agent's own read of the order (a step) is the one policy judges.
+    snapshot = deps.snapshot if deps.snapshot is not None else await call(load_order_step, req.order_id)
     verdict = policy_verdict(proposal, snapshot, rt.limits)
     record = {"proposal": proposal.model_dump(mode="json"), "verdict": verdict.model_dump(mode="json")}
-    plan: PaymentPlan | None = None
-    if lean and verdict.kind == "auto_approve":  # nothing to wait for: the verdict and the reservation commit together
+    if verdict.kind == "auto_approve":  # nothing to wait for: the verdict and the reservation commit together
         plan = await call(
             record_verdict_and_reserve_step,
             refund_id,
@@ -66,66 +69,91 @@ async def refund_workflow(refund_id: str, request: dict[str, Any]) -> dict[str, 
             amount=verdict.amount,
             currency=verdict.currency,
         )
-    else:
-        await call(record_verdict_step, refund_id, **record, model=rt.model_label)
+        return await pay(rt, refund_id, verdict.amount, verdict.currency, plan, reply=proposal.customer_reply)
     if verdict.kind == "refuse":
-        reply = proposal.customer_reply
-        return await _finish(refund_id, req, Phase.REJECTED, verdict.summary, reply, lean=lean, snapshot=snapshot)
-    if verdict.kind == "needs_approval":
-        decision = await approvals.await_decision(
-            refund_id, verdict, reason=proposal.reason, config=rt.approvals, publish_phase=not lean
-        )
-        if decision.decision != "approve" or (decision.amount, decision.currency) != (
-            verdict.amount,
-            verdict.currency,
-        ):
-            detail = f"approval {decision.decision} by {decision.approver}"
-            reply = _declined_reply(verdict)
-            return await _finish(refund_id, req, Phase.REJECTED, detail, reply, lean=lean, snapshot=snapshot)
+        await call(record_verdict_step, refund_id, **record, model=rt.model_label)
+        return await finish(refund_id, Phase.REJECTED, verdict.summary, reply=proposal.customer_reply)
+    return await park(rt, refund_id, verdict, proposal, record)
 
-    if plan is None:
-        if not lean:
-            await DBOS.set_event_async(PHASE_EVENT, Phase.PAYING.value)
-        amount, currency = verdict.amount, verdict.currency
-        plan = await call(prepare_payment_step, refund_id, req.order_id, amount=amount, currency=currency)
-    if plan.snapshot is None:
-        reply = _declined_reply(verdict)
-        return await _finish(refund_id, req, Phase.FAILED, "the order disappeared", reply, lean=lean, snapshot=None)
-    order = plan.snapshot.order
-    recheck = policy.decide(
+
+async def park(
+    rt: Runtime, refund_id: str, verdict: Verdict, proposal: RefundProposal, record: dict[str, Any]
+) -> dict[str, Any]:
+    """Record the request, set its deadline and reminder, ask approvers; then end: waiting is rows."""
+    config = rt.approvals
+    request = await call(
+        open_approval_step,
+        refund_id,
+        **record,
+        model=rt.model_label,
         amount=verdict.amount,
         currency=verdict.currency,
-        order=order,
-        as_of=plan.snapshot.as_of,
-        limits=rt.limits,
+        reason=proposal.reason,
+        escalate_after=config.escalate_after,
+        timeout=config.timeout,
     )
+    await start_timers(request, config)
+    token, url = approvals.link(config, approvals.claims_of(request))
+    text = approvals.request_text(request)
+    await call(notify_approvers_step, refund_id, kind="request", text=f"{text}\nDecide: {url}")
+    if slack_enabled():
+        await call(slack_approvers_step, refund_id, text=text, link=url, token=token)
+    return {
+        "refund_id": refund_id,
+        "status": Phase.AWAITING_APPROVAL.value,
+        "expires_at": request.expires_at.isoformat(),
+    }
+
+
+@DBOS.workflow(name=approvals.SETTLE_WORKFLOW)
+async def settle_refund_workflow(refund_id: str) -> dict[str, Any]:
+    """A parked refund, decided: receive the decision, re-check against the order, pay once, record, tell."""
+    rt = current()
+    message = await DBOS.recv_async(approvals.APPROVAL_TOPIC, timeout_seconds=HANDOVER_TIMEOUT_SECONDS)
+    # The decision workflow sends right after starting us; if it stopped in between, its record stands.
+    decision = ApprovalRecord.model_validate(message) if message else await call(standing_decision_step, refund_id)
+    crash_point("after_approval_received")
+    if decision is None:
+        return await finish(refund_id, Phase.FAILED, "no decision was recorded for this refund", reply=None)
+    amount, currency = decision.amount, decision.currency
+    if decision.decision != "approve":
+        detail = f"approval {decision.decision} by {decision.approver}"
+        return await finish(refund_id, Phase.REJECTED, detail, reply=declined_reply(amount, currency))
+    plan = await call(prepare_approved_payment_step, refund_id, amount=amount, currency=currency)
+    return await pay(rt, refund_id, amount, currency, plan, reply=paid_reply(amount, currency))
+
+
+async def pay(
+    rt: Runtime, refund_id: str, amount: Decimal, currency: str, plan: PaymentPlan, *, reply: str
+) -> dict[str, Any]:
+    """Re-check against the order as reserved, pay with the request's key, book it and queue ``reply``."""
+    if plan.snapshot is None:
+        phase = Phase.REJECTED if plan.refusal else Phase.FAILED
+        detail = plan.refusal or "the order disappeared"
+        return await finish(refund_id, phase, detail, reply=declined_reply(amount, currency))
+    order = plan.snapshot.order
+    recheck = policy.decide(amount=amount, currency=currency, order=order, as_of=plan.snapshot.as_of, limits=rt.limits)
     if recheck.kind == "refuse":
         detail = f"re-check before paying: {recheck.summary}"
-        reply = _declined_reply(verdict)
-        return await _finish(refund_id, req, Phase.REJECTED, detail, reply, lean=lean, snapshot=plan.snapshot)
+        return await finish(refund_id, Phase.REJECTED, detail, reply=declined_reply(amount, currency))
     try:
         payment = await call(
             issue_refund_step,
             refund_id=refund_id,
             order_id=order.order_id,
             charge_id=order.charge_id,
-            amount=verdict.amount,
-            currency=verdict.currency,
+            amount=amount,
+            currency=currency,
             first_attempt_at=plan.first_attempt_at,
         )
     except Exception as error:  # the provider refused or stayed down through every retry
         log.error("refund %s: payment failed: %s", refund_id, type(error).__name__)
         key = idempotency_key(refund_id, order.order_id)
         detail = f"payment failed ({type(error).__name__}); fork from the payment step to retry with key {key}"
-        return await _finish(refund_id, req, Phase.FAILED, detail, None, lean=lean, snapshot=plan.snapshot)
-    reply = proposal.customer_reply if verdict.kind == "auto_approve" else _paid_reply(verdict)
+        return await finish(refund_id, Phase.FAILED, detail, reply=None)
     message = CustomerMessage(customer_id=order.customer_id, text=reply)
-    if lean:  # the book and the customer's message commit together
-        await call(record_payment_step, refund_id, order.order_id, payment, notify=message)
-    else:
-        await call(record_payment_step, refund_id, order.order_id, payment)
-        await call(notify_customer_step, refund_id, customer_id=message.customer_id, text=message.text)
-    outcome = {
+    await call(record_payment_step, refund_id, order.order_id, payment, notify=message)  # book and message together
+    return {
         "refund_id": refund_id,
         "status": Phase.COMPLETED.value,
         "amount": str(payment.amount),
@@ -134,10 +162,14 @@ async def refund_workflow(refund_id: str, request: dict[str, Any]) -> dict[str, 
         "idempotency_key": payment.idempotency_key,
         "model": rt.model_label,
     }
-    if not lean:
-        await DBOS.set_event_async(OUTCOME_EVENT, outcome)
-        await DBOS.set_event_async(PHASE_EVENT, Phase.COMPLETED.value)
-    return outcome
+
+
+async def finish(refund_id: str, phase: Phase, detail: str, *, reply: str | None) -> dict[str, Any]:
+    """End without paying: the outcome and the customer's message commit together."""
+    status = phase.value
+    assert status in ("rejected", "failed", "cancelled")
+    await call(record_outcome_step, refund_id, status=status, detail=detail, reply=reply)  # type: ignore[arg-type]
+    return {"refund_id": refund_id, "status": status, "detail": detail}
 
 
 def policy_verdict(proposal: RefundProposal, snapshot: OrderSnapshot | None, limits: policy.Limits) -> Verdict:
@@ -156,45 +188,3 @@ def policy_verdict(proposal: RefundProposal, snapshot: OrderSnapshot | None, lim
         as_of=snapshot.as_of,
         limits=limits,
     )
-
-
-def _paid_reply(verdict: Verdict) -> str:
-    return (
-        f"Your refund of {verdict.amount} {verdict.currency} has been approved and sent. It will reach your "
-        "original payment method within 5-10 business days."
-    )
-
-
-def _declined_reply(verdict: Verdict) -> str:
-    return (
-        f"We are sorry: after review we cannot refund {verdict.amount} {verdict.currency} on this order. "
-        "Reply to this message if you would like us to take another look."
-    )
-
-
-async def _finish(
-    refund_id: str,
-    req: RefundRequest,
-    phase: Phase,
-    detail: str,
-    reply: str | None,
-    *,
-    lean: bool,
-    snapshot: OrderSnapshot | None,
-) -> dict[str, Any]:
-    status = phase.value
-    assert status in ("rejected", "failed", "cancelled")
-    outcome = {"refund_id": refund_id, "status": status, "detail": detail}
-    if lean:  # the outcome and the customer's message commit together; the workflow's result is the outcome
-        customer = snapshot.order.customer_id if snapshot else "unknown"
-        message = CustomerMessage(customer_id=customer, text=reply) if reply else None
-        await call(record_outcome_step, refund_id, status=status, detail=detail, notify=message)  # type: ignore[arg-type]
-        return outcome
-    await call(record_outcome_step, refund_id, status=status, detail=detail)  # type: ignore[arg-type]
-    if reply:
-        reread = await call(load_order_step, req.order_id)
-        customer = reread.order.customer_id if reread else "unknown"
-        await call(notify_customer_step, refund_id, customer_id=customer, text=reply)
-    await DBOS.set_event_async(OUTCOME_EVENT, outcome)
-    await DBOS.set_event_async(PHASE_EVENT, status)
-    return outcome

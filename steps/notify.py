@@ -47,10 +47,14 @@ def _queue(message_key: str, refund_id: str, channel: str, recipient: str, body:
         log.info("notification %s queued for refund %s via %s", message_key, refund_id, channel)
 
 
+def queue_approvers_message(refund_id: str, *, kind: str, text: str) -> None:
+    """Ask approvers for a decision (``kind`` is ``request`` or ``escalation``) in the caller's transaction."""
+    _queue(f"{refund_id}:approvers:{kind}", refund_id, "approvers", "approvers", text)
+
+
 @transaction("notify.approvers")
 def notify_approvers_step(refund_id: str, *, kind: str, text: str) -> None:
-    """Ask approvers for a decision (``kind`` is ``request`` or ``escalation``)."""
-    _queue(f"{refund_id}:approvers:{kind}", refund_id, "approvers", "approvers", text)
+    queue_approvers_message(refund_id, kind=kind, text=text)
 
 
 @dataclass(frozen=True)

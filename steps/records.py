@@ -110,3 +110,16 @@ class ApprovalRecord(Record):
     currency: str
     decided_at: datetime
     note: str = ""
+
+
+class ApprovalRequest(Record):
+    """What a refund parked for approval waits on: the amount a person is asked to approve, and when."""
+
+    refund_id: str
+    amount: Decimal
+    currency: str
+    reason: str
+    requested_at: datetime
+    escalate_at: datetime
+    expires_at: datetime
+    escalated_at: datetime | None = None

@@ -10,10 +10,21 @@ import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict
 
 from steps import audit
-from steps.notify import CustomerMessage, queue_customer_message
+from steps.notify import CustomerMessage, queue_approvers_message, queue_customer_message
 from steps.orders import ORDER_QUERY, order_from_row
-from steps.records import ApprovalRecord, OrderSnapshot, ProviderRefund, from_minor, to_minor
-from steps.store import app_db, approval_decisions, insert_if_absent, orders, refunds, session, transaction, utc
+from steps.records import ApprovalRecord, ApprovalRequest, OrderSnapshot, ProviderRefund, from_minor, to_minor
+from steps.store import (
+    app_db,
+    approval_decisions,
+    approval_requests,
+    insert_if_absent,
+    orders,
+    read_step,
+    refunds,
+    session,
+    transaction,
+    utc,
+)
 
 
 class RegisteredRequest(BaseModel):
@@ -23,17 +34,12 @@ class RegisteredRequest(BaseModel):
     created: bool
 
 
-class ApprovalWindow(BaseModel):
-    model_config = ConfigDict(frozen=True)
-    requested_at: datetime
-    escalate_at: datetime
-    expires_at: datetime
-
-
 class PaymentPlan(BaseModel):
     model_config = ConfigDict(frozen=True)
     snapshot: OrderSnapshot | None
     first_attempt_at: datetime
+    refusal: str | None = None
+    """Why nothing may be paid, when the plan has no snapshot for a reason other than a missing order."""
 
 
 def register_request(
@@ -106,16 +112,59 @@ def record_verdict_step(refund_id: str, *, proposal: dict[str, Any], verdict: di
 
 
 @transaction("refunds.open_approval")
-def open_approval_step(refund_id: str, *, escalate_after: float, timeout: float) -> ApprovalWindow:
+def open_approval_step(
+    refund_id: str,
+    *,
+    proposal: dict[str, Any],
+    verdict: dict[str, Any],
+    model: str,
+    amount: Decimal,
+    currency: str,
+    reason: str,
+    escalate_after: float,
+    timeout: float,
+) -> ApprovalRequest:
+    """Record the verdict and the approval request it needs, together; the refund is parked from here on.
+
+    A fork that runs this step again keeps the first request (and its deadlines)."""
     now = datetime.now(UTC)
-    window = ApprovalWindow(
-        requested_at=now,
-        escalate_at=now + timedelta(seconds=escalate_after),
-        expires_at=now + timedelta(seconds=timeout),
-    )
+    _record_verdict(refund_id, proposal, verdict, model)
+    values = {
+        "refund_id": refund_id,
+        "amount_minor": to_minor(amount, currency),
+        "currency": currency,
+        "reason": reason,
+        "requested_at": now,
+        "escalate_at": now + timedelta(seconds=escalate_after),
+        "expires_at": now + timedelta(seconds=timeout),
+    }
+    insert_if_absent(session(), approval_requests, values)
+    request = approval_request(session(), refund_id)
+    assert request is not None
     _touch(refund_id, now, status="awaiting_approval")
-    audit.append(session(), refund_id=refund_id, event="approval_requested", payload=window.model_dump(), now=now)
-    return window
+    window = {
+        "requested_at": request.requested_at.isoformat(),
+        "escalate_at": request.escalate_at.isoformat(),
+        "expires_at": request.expires_at.isoformat(),
+    }
+    audit.append(session(), refund_id=refund_id, event="approval_requested", payload=window, now=now)
+    return request
+
+
+def approval_request(conn: sa.Connection | Any, refund_id: str) -> ApprovalRequest | None:
+    row = conn.execute(sa.select(approval_requests).where(approval_requests.c.refund_id == refund_id)).first()
+    if row is None:
+        return None
+    return ApprovalRequest(
+        refund_id=row.refund_id,
+        amount=from_minor(row.amount_minor, row.currency),
+        currency=row.currency,
+        reason=row.reason,
+        requested_at=utc(row.requested_at),
+        escalate_at=utc(row.escalate_at),
+        expires_at=utc(row.expires_at),
+        escalated_at=utc(row.escalated_at) if row.escalated_at else None,
+    )
 
 
 def _approval_from_row(row: Any) -> ApprovalRecord:
@@ -160,20 +209,25 @@ def _claim_decision(conn: Any, record: ApprovalRecord) -> tuple[ApprovalRecord, 
     return record, True
 
 
-def record_decision(record: ApprovalRecord) -> tuple[ApprovalRecord, bool]:
-    """First writer wins: concurrent callers serialize on the primary key and all see one decision."""
-    for _ in range(5):
-        try:
-            with app_db().engine.begin() as conn:
-                return _claim_decision(conn, record)
-        except sa.exc.IntegrityError:
-            continue  # lost the race to a concurrent writer: read its decision
-    raise RuntimeError(f"could not record a decision for {record.refund_id}")
+@transaction("refunds.record_decision")
+def record_decision_step(record: ApprovalRecord) -> ApprovalRecord:
+    """A person's decision, first writer wins: concurrent writers serialize on the key and all see one."""
+    standing, _ = _claim_decision(session(), record)
+    return standing
 
 
-@transaction("refunds.settle_approval")
-def settle_approval_step(refund_id: str, *, amount: Decimal, currency: str) -> ApprovalRecord:
-    """The decision that stands: a person's if one was recorded, else an expiry recorded now."""
+@read_step("refunds.standing_decision")
+def standing_decision_step(conn: sa.Connection, refund_id: str) -> ApprovalRecord | None:
+    """The recorded decision, for a continuation whose decision message did not come."""
+    return recorded_decision(conn, refund_id)
+
+
+@transaction("refunds.expire_approval")
+def expire_approval_step(
+    refund_id: str, *, amount: Decimal, currency: str, detail: str, reply: str | None
+) -> ApprovalRecord:
+    """At the deadline: the decision that stands. With none, the expiry is recorded and the refund ends
+    rejected, its customer told, in this one transaction; a person's decision that won the race stands."""
     now = datetime.now(UTC)
     expired = ApprovalRecord(
         refund_id=refund_id,
@@ -184,8 +238,24 @@ def settle_approval_step(refund_id: str, *, amount: Decimal, currency: str) -> A
         decided_at=now,
         note="no decision before the approval deadline",
     )
-    record, _ = _claim_decision(session(), expired)
-    return record
+    standing, ours = _claim_decision(session(), expired)
+    if ours:
+        _record_outcome(refund_id, now, status="rejected", detail=detail, reply=reply)
+    return standing
+
+
+@transaction("refunds.escalate_approval")
+def escalate_approval_step(refund_id: str, *, text: str) -> bool:
+    """Remind approvers once, unless the refund was decided meanwhile; True when the reminder was queued."""
+    if recorded_decision(session(), refund_id) is not None:
+        return False
+    now = datetime.now(UTC)
+    session().execute(
+        approval_requests.update().where(approval_requests.c.refund_id == refund_id).values(escalated_at=now)
+    )
+    queue_approvers_message(refund_id, kind="escalation", text=text)
+    audit.append(session(), refund_id=refund_id, event="approval_escalated", payload={}, now=now)
+    return True
 
 
 @transaction("refunds.prepare_payment")
@@ -196,6 +266,29 @@ def prepare_payment_step(refund_id: str, order_id: str, *, amount: Decimal, curr
     two refunds of one order on two workers cannot both pass the balance check. The order's row is
     locked on Postgres; SQLite's IMMEDIATE transactions serialize writers anyway.
     """
+    return _reserve(refund_id, order_id, _locked_order(order_id), amount=amount, currency=currency)
+
+
+@transaction("refunds.prepare_approved_payment")
+def prepare_approved_payment_step(refund_id: str, *, amount: Decimal, currency: str) -> PaymentPlan:
+    """``prepare_payment_step`` for an approved refund: its order comes from its row, and the amount must be
+    the one its approval request asked for (what would be paid never differs from what was approved)."""
+    found = (
+        session()
+        .execute(
+            sa.select(refunds.c.order_id, approval_requests.c.amount_minor, approval_requests.c.currency)
+            .join(approval_requests, approval_requests.c.refund_id == refunds.c.refund_id)
+            .where(refunds.c.refund_id == refund_id)
+        )
+        .first()
+    )
+    if found is None:
+        return PaymentPlan(snapshot=None, first_attempt_at=datetime.now(UTC), refusal="no approval request")
+    if (found.amount_minor, found.currency) != (to_minor(amount, currency), currency):
+        asked = f"{from_minor(found.amount_minor, found.currency)} {found.currency}"
+        refusal = f"the approval is for {amount} {currency} but the request was for {asked}"
+        return PaymentPlan(snapshot=None, first_attempt_at=datetime.now(UTC), refusal=refusal)
+    order_id = str(found.order_id)
     return _reserve(refund_id, order_id, _locked_order(order_id), amount=amount, currency=currency)
 
 
@@ -285,17 +378,29 @@ def record_payment_step(
         queue_customer_message(refund_id, notify)
 
 
+def _record_outcome(refund_id: str, now: datetime, *, status: str, detail: str, reply: str | None) -> None:
+    _touch(refund_id, now, status=status, reserved_amount_minor=None)  # whatever was held is released
+    audit.append(session(), refund_id=refund_id, event=f"refund_{status}", payload={"detail": detail}, now=now)
+    if reply is not None:
+        customer = (
+            session()
+            .execute(
+                sa.select(orders.c.customer_id)
+                .join(refunds, refunds.c.order_id == orders.c.order_id)
+                .where(refunds.c.refund_id == refund_id)
+            )
+            .scalar_one_or_none()
+        )
+        queue_customer_message(refund_id, CustomerMessage(customer_id=customer or "unknown", text=reply))
+
+
 @transaction("refunds.record_outcome")
 def record_outcome_step(
     refund_id: str,
     *,
     status: Literal["rejected", "failed", "cancelled"],
     detail: str,
-    notify: CustomerMessage | None = None,
+    reply: str | None = None,
 ) -> None:
-    """Record how the refund ended without paying; queue ``notify`` with it."""
-    now = datetime.now(UTC)
-    _touch(refund_id, now, status=status, reserved_amount_minor=None)  # whatever was held is released
-    audit.append(session(), refund_id=refund_id, event=f"refund_{status}", payload={"detail": detail}, now=now)
-    if notify is not None:
-        queue_customer_message(refund_id, notify)
+    """Record how the refund ended without paying; queue ``reply`` to its customer with it."""
+    _record_outcome(refund_id, datetime.now(UTC), status=status, detail=detail, reply=reply)

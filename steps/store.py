@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import wraps
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, Literal, ParamSpec, TypedDict, TypeVar
 
 import sqlalchemy as sa
 from dbos import DBOS, SQLAlchemyDatasource
-from dbos._datasource import DatasourceOptions
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -80,6 +81,20 @@ executor_leases = sa.Table(
     sa.Column("role", sa.String(32), nullable=False),
     sa.Column("started_ms", sa.BigInteger, nullable=False),
     sa.Column("beat_ms", sa.BigInteger, nullable=False),
+)
+
+# What a parked refund waits on: written with the verdict, read by approvers, the deadline and the escalation.
+approval_requests = sa.Table(
+    "approval_requests",
+    metadata,
+    sa.Column("refund_id", sa.String(200), primary_key=True),
+    sa.Column("amount_minor", sa.BigInteger, nullable=False),
+    sa.Column("currency", sa.String(3), nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("requested_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("escalate_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("escalated_at", sa.DateTime(timezone=True)),
 )
 
 approval_decisions = sa.Table(
@@ -207,26 +222,55 @@ def _datasource() -> SQLAlchemyDatasource:
     return datasource
 
 
+_plain_session: ContextVar[Session | None] = ContextVar("plain_session", default=None)
+
+
 def session() -> Session:
-    """The session of the datasource transaction in progress."""
-    return _datasource().sql_session()
+    """The session of the transaction in progress (a DBOS datasource transaction, or a plain one)."""
+    plain = _plain_session.get()
+    return plain if plain is not None else _datasource().sql_session()
+
+
+@contextmanager
+def _plain_transaction() -> Iterator[None]:
+    with Session(app_db().engine) as sess, sess.begin():
+        token = _plain_session.set(sess)
+        try:
+            yield
+        finally:
+            _plain_session.reset(token)
+
+
+class _TxOptions(TypedDict, total=False):
+    """The options ``SQLAlchemyDatasource.run_tx_step`` takes (DBOS's own type is not exported)."""
+
+    name: str | None
+    isolation_level: Literal["SERIALIZABLE", "READ COMMITTED"] | None
 
 
 def transaction(name: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
-    """A DBOS datasource transaction: the write and its checkpoint commit together, exactly once."""
+    """A DBOS datasource transaction: the write and its checkpoint commit together, exactly once.
+
+    A process that opened the application database without a datasource (the eval harness: no DBOS,
+    no workflow) runs the same function as a plain transaction, which is what a datasource transaction
+    is outside a workflow anyway.
+    """
 
     def decorator(func: Callable[P, R]) -> Callable[P, R]:
         @wraps(func)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            datasource = _datasource()
+            datasource = app_db().datasource
+            if datasource is None:
+                with _plain_transaction():
+                    return func(*args, **kwargs)
             # Postgres: READ COMMITTED, with explicit locks where order matters (the audit chain) and
             # atomic updates elsewhere; a SERIALIZABLE snapshot taken before the audit lock would read a
             # stale chain head. SQLite serializes writers with IMMEDIATE transactions anyway.
-            options: DatasourceOptions = {
+            options: _TxOptions = {
                 "name": name,
                 "isolation_level": "SERIALIZABLE" if app_db().url.startswith("sqlite") else "READ COMMITTED",
             }
-            return datasource.run_tx_step(options, func, *args, **kwargs)
+            return datasource.run_tx_step(options, func, *args, **kwargs)  # type: ignore[arg-type]
 
         return wrapper
 

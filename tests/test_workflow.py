@@ -10,10 +10,11 @@ import pytest
 import sqlalchemy as sa
 from dbos import DBOSClient
 
-from agent import approvals, runtime
+from agent import approvals, runtime, status
+from agent.approval_workflows import decide_here
 from agent.domain import RefundRequest
 from agent.processes import wait_for
-from agent.status import refund_status
+from agent.status import refund_status, wait_for_outcome
 from agent.submit import SubmissionError, submit_refund
 from steps import audit
 from steps.seed import seed
@@ -27,12 +28,11 @@ def submit(client: DBOSClient, key: str, order_id: str, message: str = "Please r
 
 
 def result(client: DBOSClient, refund_id: str) -> dict[str, Any]:
-    outcome: dict[str, Any] = client.retrieve_workflow(refund_id).get_result(polling_interval_sec=0.1)
-    return outcome
+    return wait_for_outcome(client, refund_id, timeout=120)
 
 
 def parked(client: DBOSClient, refund_id: str) -> dict[str, Any]:
-    return wait_for(lambda: approvals.pending_request(client, refund_id), timeout=60, what="approval request")
+    return wait_for(lambda: status.parked(client, refund_id), timeout=60, what="the refund to park")
 
 
 def chain_ok() -> bool:
@@ -75,7 +75,7 @@ def test_large_refund_waits_for_approval_then_pays(env: Env, client: DBOSClient)
     assert (request["amount"], request["currency"]) == ("4200.00", "USD")
     assert env.sandbox.refunds("ch_ord_1002") == []
     decided = approvals.decide(
-        client,
+        decide_here,
         refund_id=refund_id,
         decision="approve",
         approver="dana",
@@ -100,7 +100,7 @@ def test_concurrent_approvals_record_one_decision(env: Env, client: DBOSClient) 
         barrier.wait()
         results.append(
             approvals.decide(
-                client,
+                decide_here,
                 refund_id=refund_id,
                 decision="approve" if i % 2 else "reject",
                 approver=f"approver-{i}",
@@ -127,7 +127,7 @@ def test_decision_for_another_amount_is_refused(env: Env, client: DBOSClient) ->
     parked(client, refund_id)
     with pytest.raises(approvals.ApprovalError) as error:
         approvals.decide(
-            client,
+            decide_here,
             refund_id=refund_id,
             decision="approve",
             approver="dana",
@@ -137,7 +137,7 @@ def test_decision_for_another_amount_is_refused(env: Env, client: DBOSClient) ->
     assert error.value.code == "mismatch"
     with pytest.raises(approvals.ApprovalError):
         approvals.decide(
-            client,
+            decide_here,
             refund_id=refund_id,
             decision="approve",
             approver="dana",
@@ -158,7 +158,7 @@ def test_no_decision_escalates_then_expires_and_late_decision_is_refused(env: En
         assert outcome["status"] == "rejected" and "expired" in outcome["detail"]
         with pytest.raises(approvals.ApprovalError) as error:
             approvals.decide(
-                client,
+                decide_here,
                 refund_id=refund_id,
                 decision="approve",
                 approver="late",
@@ -275,7 +275,7 @@ def test_order_refunded_by_hand_while_waiting_is_not_paid_again(env: Env, client
     with app_db().engine.begin() as conn:
         conn.execute(orders.update().where(orders.c.order_id == "ord_1002").values(amount_refunded_minor=420000))
     approvals.decide(
-        client, refund_id=refund_id, decision="approve", approver="dana", amount=Decimal("4200.00"), currency="USD"
+        decide_here, refund_id=refund_id, decision="approve", approver="dana", amount=Decimal("4200.00"), currency="USD"
     )
     outcome = result(client, refund_id)
     assert outcome["status"] == "rejected" and "re-check before paying" in outcome["detail"]

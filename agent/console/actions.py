@@ -8,8 +8,10 @@ from typing import Any, Literal
 import sqlalchemy as sa
 from dbos import DBOSClient
 
-from agent.domain import PHASE_EVENT
+from agent.approvals import APPROVAL_QUEUE
 from agent.runtime import REFUND_QUEUE
+from agent.status import speaking, workflows_of
+from agent.workflow import REFUND_WORKFLOW
 from steps import audit
 from steps.store import app_db, refunds
 
@@ -23,10 +25,18 @@ class ActionError(Exception):
 
 
 def _workflow(client: DBOSClient, refund_id: str) -> Any:
-    found = client.list_workflows(workflow_ids=[refund_id], load_input=False, load_output=False)
-    if not found:
+    """The run that carries the refund now (the deciding run, its continuation, or the newest fork)."""
+    found = speaking(workflows_of(client, refund_id), refund_id)
+    if found is None:
         raise ActionError(f"refund {refund_id} has no workflow")
-    return found[0]
+    return found
+
+
+def _queue(wf: Any) -> str:
+    """The queue the run came from (a finished run's row may no longer name it)."""
+    if wf.queue_name:
+        return str(wf.queue_name)
+    return REFUND_QUEUE if wf.name == REFUND_WORKFLOW else APPROVAL_QUEUE
 
 
 def _record(refund_id: str, event: str, payload: dict[str, Any], status: str | None = None) -> None:
@@ -52,7 +62,7 @@ def cancel(client: DBOSClient, refund_id: str, *, operator: str) -> None:
     wf = _workflow(client, refund_id)
     if wf.status in (*FINISHED, "CANCELLED"):
         raise ActionError(f"refund {refund_id} is {wf.status.lower()}; only a running refund can be cancelled")
-    client.cancel_workflow(refund_id)
+    client.cancel_workflow(wf.workflow_id)
     _record(refund_id, "operator_cancelled", {"operator": operator, "workflow_status": wf.status}, "cancelled")
 
 
@@ -63,10 +73,10 @@ def resume(client: DBOSClient, refund_id: str, *, operator: str) -> None:
         raise ActionError(f"refund {refund_id} has finished; fork it from a step to run part of it again")
     if wf.status not in RESUMABLE:  # resuming a running workflow would start a second execution of it
         raise ActionError(f"refund {refund_id} is {wf.status.lower()}; only a cancelled or stuck refund is resumed")
-    client.resume_workflow(refund_id, queue_name=REFUND_QUEUE)
+    client.resume_workflow(wf.workflow_id, queue_name=_queue(wf))
     # The row shows where the refund was when it was cancelled (a resumed step that runs again updates it).
-    phase = _status_before_cancel(refund_id) or client.get_event(refund_id, PHASE_EVENT, timeout_seconds=0)
-    _record(refund_id, "operator_resumed", {"operator": operator}, str(phase) if phase else "received")
+    phase = _status_before_cancel(refund_id)
+    _record(refund_id, "operator_resumed", {"operator": operator, "workflow_id": wf.workflow_id}, phase or "received")
 
 
 def fork(client: DBOSClient, refund_id: str, *, step: int, operator: str, app_version: str) -> str:
@@ -86,13 +96,13 @@ def fork(client: DBOSClient, refund_id: str, *, step: int, operator: str, app_ve
         raise ActionError(
             f"refund {refund_id} was paid (provider refund {paid}); a fork would only replay that payment"
         )
-    steps = {s["function_id"] for s in client.list_workflow_steps(refund_id, load_output=False)}
+    steps = {s["function_id"] for s in client.list_workflow_steps(wf.workflow_id, load_output=False)}
     if step < 1 or (step > 1 and step not in steps):
         raise ActionError(f"refund {refund_id} has no step {step}")
-    handle = client.fork_workflow(refund_id, step, application_version=app_version, queue_name=REFUND_QUEUE)
+    handle = client.fork_workflow(wf.workflow_id, step, application_version=app_version, queue_name=_queue(wf))
     fork_id = str(handle.get_workflow_id())
     # A refund cancelled here shows "cancelled" in its row; the fork carries on from where it stood, as a resume does.
     restored = _status_before_cancel(refund_id) if row is not None and row.status == "cancelled" else None
-    payload = {"operator": operator, "from_step": step, "fork_workflow_id": fork_id}
+    payload = {"operator": operator, "from_step": step, "forked": wf.workflow_id, "fork_workflow_id": fork_id}
     _record(refund_id, "operator_forked", payload, restored)
     return fork_id

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-from decimal import Decimal
 from typing import Any
 
 import sqlalchemy as sa
 from dbos import DBOSClient, WorkflowStatus
 
-from agent import approvals
-from agent.status import refund_status, step_timeline
+from agent.status import refund_status, speaking, step_timeline, workflows_of
 from steps import audit
 from steps.payments import idempotency_key
 from steps.records import format_money, from_minor
-from steps.store import app_db, approval_decisions, customers, orders, refunds, utc
+from steps.store import app_db, approval_decisions, approval_requests, customers, orders, refunds, utc
 
 PAGE_SIZE = 20
 STATUSES = ("received", "deciding", "awaiting_approval", "paying", "completed", "rejected", "failed", "cancelled")
@@ -53,12 +51,25 @@ def customer_messages(client: DBOSClient, refund_ids: list[str]) -> dict[str, st
 def pending_approvals(client: DBOSClient, now: datetime) -> list[dict[str, Any]]:
     """Refunds waiting for a person, oldest first, with the time left before escalation and expiry."""
     query = (
-        sa.select(refunds, customers.c.name.label("customer"))
-        .select_from(
-            _WITH_CUSTOMER.outerjoin(approval_decisions, approval_decisions.c.refund_id == refunds.c.refund_id)
+        sa.select(
+            refunds.c.refund_id,
+            refunds.c.order_id,
+            customers.c.name.label("customer"),
+            approval_requests.c.amount_minor,
+            approval_requests.c.currency,
+            approval_requests.c.reason,
+            approval_requests.c.requested_at,
+            approval_requests.c.escalate_at,
+            approval_requests.c.expires_at,
+            approval_requests.c.escalated_at,
         )
-        .where(refunds.c.status == "awaiting_approval", approval_decisions.c.refund_id.is_(None))
-        .order_by(refunds.c.created_at, refunds.c.refund_id)
+        .select_from(
+            _WITH_CUSTOMER.join(approval_requests, approval_requests.c.refund_id == refunds.c.refund_id).outerjoin(
+                approval_decisions, approval_decisions.c.refund_id == refunds.c.refund_id
+            )
+        )
+        .where(approval_decisions.c.refund_id.is_(None))
+        .order_by(approval_requests.c.requested_at, refunds.c.refund_id)
         .limit(100)
     )
     with app_db().engine.connect() as conn:
@@ -66,24 +77,20 @@ def pending_approvals(client: DBOSClient, now: datetime) -> list[dict[str, Any]]
     messages = customer_messages(client, [r.refund_id for r in rows])
     pending = []
     for row in rows:
-        request = approvals.pending_request(client, row.refund_id)
-        if request is None:
-            continue
-        requested = datetime.fromisoformat(request["requested_at"])
-        escalate = datetime.fromisoformat(request["escalate_at"])
-        expires = datetime.fromisoformat(request["expires_at"])
+        amount = from_minor(row.amount_minor, row.currency)
+        escalate, expires = utc(row.escalate_at), utc(row.expires_at)
         pending.append(
             {
                 "refund_id": row.refund_id,
                 "order_id": row.order_id,
                 "customer": row.customer or "?",
-                "money": format_money(Decimal(request["amount"]), request["currency"]),
-                "amount": request["amount"],
-                "currency": request["currency"],
-                "reason": str(request.get("reason", "")),
+                "money": format_money(amount, row.currency),
+                "amount": str(amount),
+                "currency": row.currency,
+                "reason": row.reason,
                 "message": messages.get(row.refund_id, ""),
-                "age": span(now - requested),
-                "escalates_in": span(escalate - now) if escalate > now else "escalated",
+                "age": span(now - utc(row.requested_at)),
+                "escalates_in": "escalated" if row.escalated_at or escalate <= now else span(escalate - now),
                 "expires_in": span(expires - now) if expires > now else "expired",
             }
         )
@@ -133,7 +140,7 @@ def list_refunds(flt: RefundFilter) -> tuple[list[dict[str, Any]], bool]:
 
 def _execution(client: DBOSClient, wf: WorkflowStatus) -> dict[str, Any]:
     """One run of the refund workflow (the original or a fork) with its steps laid out as bars."""
-    steps = step_timeline(client, wf.workflow_id)
+    steps = step_timeline(client, [wf])
     starts = [datetime.fromisoformat(s["start"]) for s in steps if s["start"]]
     ends = [datetime.fromisoformat(s["end"]) for s in steps if s["end"]]
     origin = min(starts) if starts else None
@@ -173,8 +180,8 @@ def refund_detail(client: DBOSClient, refund_id: str) -> dict[str, Any] | None:
         ).first()
         entries = audit.entries(conn, refund_id)
         chain = audit.verify(conn)
-    runs = client.list_workflows(workflow_ids=[refund_id], load_input=False, load_output=False)
-    forks = client.list_workflows(forked_from=refund_id, load_input=False, load_output=False)
+    runs = workflows_of(client, refund_id)
+    target = speaking(runs, refund_id)
     verdict = next((e.payload for e in reversed(entries) if e.event == "policy_verdict"), None)
     order_id = status["order_id"]
     return {
@@ -185,7 +192,8 @@ def refund_detail(client: DBOSClient, refund_id: str) -> dict[str, Any] | None:
         "message": customer_messages(client, [refund_id]).get(refund_id, ""),
         "verdict_detail": verdict,
         "expected_key": idempotency_key(refund_id, order_id) if order_id else None,
-        "executions": [_execution(client, wf) for wf in [*runs, *forks]],
+        "executions": [_execution(client, wf) for wf in runs],
+        "target": _execution(client, target) if target else None,
         "audit": [
             {
                 "seq": e.seq,

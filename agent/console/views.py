@@ -149,7 +149,7 @@ def decide(
         return pages.message(request, state, session, "Not recorded", "Choose approve or reject.", 400)
     try:
         result = approvals.decide(
-            svc.client,
+            svc.decider,
             refund_id=refund_id,
             decision="approve" if decision == "approve" else "reject",
             approver=f"console:{session.operator}",

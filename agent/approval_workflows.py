@@ -1,0 +1,124 @@
+"""The workflows around a parked refund: its timers, a person's decision, and the hand-over to its continuation.
+
+None of them waits: the deadline and the escalation are DELAYED rows until they are due, and the
+decision workflow records, enqueues the continuation and sends it the decision in three short steps.
+All are enqueued without an application version, so they run on whatever release is deployed when
+they become due (see README, "Upgrades").
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from dbos import DBOS, EnqueueOptions, SetWorkflowID
+
+from agent import tokens
+from agent.approvals import (
+    APPROVAL_QUEUE,
+    APPROVAL_TOPIC,
+    DEADLINE_WORKFLOW,
+    DECISION_WORKFLOW,
+    ESCALATION_WORKFLOW,
+    SETTLE_WORKFLOW,
+    ApprovalSettings,
+    deadline_id,
+    decision_id,
+    escalation_id,
+    escalation_text,
+    link,
+    settle_id,
+)
+from agent.domain import ApprovalRecord, declined_reply
+from agent.runtime import current
+from steps.faults import crash_point
+from steps.records import ApprovalRequest
+from steps.refunds import escalate_approval_step, expire_approval_step, record_decision_step
+
+EXPIRED_DETAIL = "approval expired: no decision before the deadline"
+
+
+def _enqueue(name: str, workflow_id: str, *args: Any, delay: float | None = None) -> None:
+    options: EnqueueOptions = {"queue_name": APPROVAL_QUEUE, "workflow_name": name, "workflow_id": workflow_id}
+    if delay is not None:
+        options["delay_seconds"] = max(delay, 0.0)
+    DBOS.enqueue_workflow_with_options(options, *args)
+
+
+async def _enqueue_async(name: str, workflow_id: str, *args: Any, delay: float) -> None:
+    options: EnqueueOptions = {
+        "queue_name": APPROVAL_QUEUE,
+        "workflow_name": name,
+        "workflow_id": workflow_id,
+        "delay_seconds": max(delay, 0.0),
+    }
+    await DBOS.enqueue_workflow_with_options_async(options, *args)
+
+
+async def start_timers(request: ApprovalRequest, config: ApprovalSettings) -> None:
+    """From the refund workflow: the deadline (and the reminder before it) as DELAYED workflows.
+
+    Delays are taken from the recorded request, not from a clock, so a replay computes the same ones."""
+    refund_id, amount, currency = request.refund_id, str(request.amount), request.currency
+    expires_in = (request.expires_at - request.requested_at).total_seconds()
+    await _enqueue_async(DEADLINE_WORKFLOW, deadline_id(refund_id), refund_id, amount, currency, delay=expires_in)
+    escalates_in = (request.escalate_at - request.requested_at).total_seconds()
+    if escalates_in < expires_in:
+        expires = request.expires_at.isoformat()
+        await _enqueue_async(
+            ESCALATION_WORKFLOW, escalation_id(refund_id), refund_id, amount, currency, expires, delay=escalates_in
+        )
+
+
+def hand_over(standing: ApprovalRecord) -> None:
+    """Start the refund's continuation and send it the decision that stands (both deduplicated by id/key)."""
+    refund_id = standing.refund_id
+    _enqueue(SETTLE_WORKFLOW, settle_id(refund_id), refund_id)
+    crash_point("after_continuation_enqueued")
+    DBOS.send(
+        settle_id(refund_id), standing.model_dump(mode="json"), APPROVAL_TOPIC, idempotency_key=f"approval:{refund_id}"
+    )
+    crash_point("after_decision_sent")
+
+
+@DBOS.workflow(name=DECISION_WORKFLOW)
+def approval_decision_workflow(refund_id: str, decision: dict[str, Any]) -> dict[str, Any]:
+    """A person's decision: recorded (first writer wins), then handed to the refund's continuation."""
+    standing = record_decision_step(ApprovalRecord.model_validate(decision))
+    crash_point("after_decision_recorded")
+    if standing.decision != "expired":  # an expiry that won the race has finished the refund already
+        hand_over(standing)
+    return standing.model_dump(mode="json")
+
+
+@DBOS.workflow(name=DEADLINE_WORKFLOW)
+def approval_deadline_workflow(refund_id: str, amount: str, currency: str) -> dict[str, Any] | None:
+    """Due at the approval's expiry: with no decision, the refund ends rejected; a decision that won stands."""
+    value = Decimal(amount)
+    standing = expire_approval_step(
+        refund_id, amount=value, currency=currency, detail=EXPIRED_DETAIL, reply=declined_reply(value, currency)
+    )
+    if standing.decision == "expired":
+        return {"refund_id": refund_id, "status": "rejected", "detail": EXPIRED_DETAIL}
+    hand_over(standing)  # already done by the decision workflow; repeated harmlessly as a safety net
+    return None
+
+
+@DBOS.workflow(name=ESCALATION_WORKFLOW)
+def approval_escalation_workflow(refund_id: str, amount: str, currency: str, expires_at: str) -> bool:
+    """Due at the escalation time: remind approvers once, unless the refund was decided meanwhile."""
+    claims = tokens.ApprovalClaims(
+        refund_id=refund_id, amount=Decimal(amount), currency=currency, expires_at=datetime.fromisoformat(expires_at)
+    )
+    _, url = link(current().approvals, claims)
+    return escalate_approval_step(refund_id, text=escalation_text(claims, url))
+
+
+def decide_here(record: ApprovalRecord) -> ApprovalRecord:
+    """Run the refund's decision workflow in this process (DBOS launched here) and return what it recorded.
+
+    Concurrent and repeated calls meet the one run under the refund's decision id and get its result."""
+    with SetWorkflowID(decision_id(record.refund_id)):
+        handle = DBOS.start_workflow(approval_decision_workflow, record.refund_id, record.model_dump(mode="json"))
+    return ApprovalRecord.model_validate(handle.get_result())
