@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dbos._serialization import DBOSPortableJSONSerializer
+from dbos import DBOSPortableJSONSerializer
 
 from benchmarks import harness
 from benchmarks.cost import started_bench

@@ -13,7 +13,10 @@ CRASH_POINTS = frozenset(
         "after_model_response",  # the first model answer is checkpointed; a tool is about to run
         "before_provider_call",  # inside the payment step, before the refund is sent
         "after_provider_call",  # the provider applied the refund; the step has not checkpointed
-        "after_approval_received",  # the decision arrived; nothing after it has run
+        "after_decision_recorded",  # the decision workflow recorded the decision; the continuation does not exist
+        "after_continuation_enqueued",  # the continuation is enqueued; the decision has not been sent to it
+        "after_decision_sent",  # the decision was sent; the decision workflow has not finished
+        "after_approval_received",  # the continuation received the decision; nothing after it has run
     }
 )
 

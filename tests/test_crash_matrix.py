@@ -16,8 +16,10 @@ import pytest
 from dbos import DBOSClient
 
 from agent import approvals, runtime
+from agent.approvals import family
 from agent.domain import RefundRequest
 from agent.processes import child_env, spawn, stop, wait_for
+from agent.status import parked, wait_for_outcome
 from agent.submit import submit_refund
 from steps import audit
 from steps.seed import seed
@@ -27,13 +29,20 @@ from tests.fake_openai import FakeOpenAIServer, ScriptedModel
 
 MODEL_REQUESTS_PER_REFUND = 4  # get_order, get_refund_history, request_refund, final answer
 
-# point -> (order, needs approval, provider create calls expected)
+# case -> (kill point, order, needs approval, provider create calls expected). On the approval path the
+# first worker is armed from the start: the deciding workflow parks without paying, so a payment kill
+# point fires inside the continuation, and a decision kill point inside the decision workflow.
 MATRIX = {
-    "after_model_response": ("ord_1001", False, 1),
-    "before_provider_call": ("ord_1001", False, 1),
-    "after_provider_call": ("ord_1001", False, 2),
-    "while_parked": ("ord_1002", True, 1),
-    "after_approval_received": ("ord_1002", True, 1),
+    "after_model_response": ("after_model_response", "ord_1001", False, 1),
+    "before_provider_call": ("before_provider_call", "ord_1001", False, 1),
+    "after_provider_call": ("after_provider_call", "ord_1001", False, 2),
+    "while_parked": (None, "ord_1002", True, 1),
+    "after_decision_recorded": ("after_decision_recorded", "ord_1002", True, 1),
+    "after_continuation_enqueued": ("after_continuation_enqueued", "ord_1002", True, 1),
+    "after_decision_sent": ("after_decision_sent", "ord_1002", True, 1),
+    "after_approval_received": ("after_approval_received", "ord_1002", True, 1),
+    "approved_before_provider_call": ("before_provider_call", "ord_1002", True, 1),
+    "approved_after_provider_call": ("after_provider_call", "ord_1002", True, 2),
 }
 
 
@@ -58,16 +67,23 @@ class Cluster:
         self.procs.append(proc)
         return proc
 
-    def approve(self, refund_id: str) -> None:
-        approvals.decide_pending(self.client, refund_id=refund_id, decision="approve", approver="dana")
+    def approve(self, refund_id: str, *, wait: bool = True) -> None:
+        """Approve through the approvals queue; without ``wait``, only enqueue the decision workflow (the worker
+        that runs it may be about to die)."""
+        run = approvals.decider_via_queue(self.client, timeout=60 if wait else 0)
+        try:
+            approvals.decide_pending(run, refund_id=refund_id, decision="approve", approver="dana")
+        except approvals.ApprovalError as error:
+            if wait or error.code != "queued":
+                raise
 
-    def status(self, refund_id: str) -> str | None:
-        found = self.client.list_workflows(workflow_ids=[refund_id], load_input=False, load_output=False)
-        return found[0].status if found else None
+    def pending(self, refund_id: str) -> list[str]:
+        """The refund's workflows left PENDING (running, or owned by a process that died)."""
+        found = self.client.list_workflows(workflow_ids=family(refund_id), load_input=False, load_output=False)
+        return sorted(w.workflow_id for w in found if w.status == "PENDING")
 
     def finished(self, refund_id: str, timeout: float = 120) -> Any:
-        wait_for(lambda: self.status(refund_id) in ("SUCCESS", "ERROR"), timeout=timeout, what="workflow to end")
-        return self.client.retrieve_workflow(refund_id).get_result()
+        return wait_for_outcome(self.client, refund_id, timeout=timeout)
 
     def close(self) -> None:
         for proc in self.procs:
@@ -97,28 +113,33 @@ def cluster(env: Env, model: ScriptedModel, tmp_path: Path) -> Iterator[Cluster]
             c.close()
 
 
-@pytest.mark.parametrize("point", list(MATRIX))
+@pytest.mark.parametrize("case", list(MATRIX))
 def test_sigkill_at_named_point_then_restart_pays_exactly_once(
-    env: Env, cluster: Cluster, model: ScriptedModel, point: str
+    env: Env, cluster: Cluster, model: ScriptedModel, case: str
 ) -> None:
-    order_id, needs_approval, provider_calls = MATRIX[point]
-    refund_id = f"crash-{point}"
-    first = cluster.worker("worker-1", crash_at=None if point == "while_parked" else point)
+    point, order_id, needs_approval, provider_calls = MATRIX[case]
+    refund_id = f"crash-{case}"
+    first = cluster.worker("worker-1", crash_at=point)
     request = RefundRequest(order_id=order_id, message="It arrived broken; please refund it.")
-    submit_refund(cluster.client, idempotency_key=refund_id, request=request, app_version="0.1.0")
+    submit_refund(cluster.client, idempotency_key=refund_id, request=request)
 
     if needs_approval:
-        wait_for(lambda: approvals.pending_request(cluster.client, refund_id), timeout=90, what="parking")
-        if point == "while_parked":
+        wait_for(lambda: parked(cluster.client, refund_id), timeout=90, what="parking")
+        if point is None:
             first.send_signal(signal.SIGKILL)
         else:
-            cluster.approve(refund_id)
+            cluster.approve(refund_id, wait=False)
     code = wait_for(first.poll, timeout=90, what="the first worker to die")
     assert code == -signal.SIGKILL, cluster.dump_logs()
-    assert cluster.status(refund_id) == "PENDING"
+    # A parked refund left nothing running to recover; any other kill leaves the workflow it interrupted.
+    left = cluster.pending(refund_id)
+    if point is None:
+        assert left == [] and parked(cluster.client, refund_id) is not None
+    else:
+        assert left, "the kill left nothing pending"
 
     cluster.worker("worker-2")
-    if point == "while_parked":
+    if point is None:
         # The parked refund is still parked after the restart; the decision can come now.
         cluster.approve(refund_id)
     outcome = cluster.finished(refund_id)
@@ -131,9 +152,13 @@ def test_sigkill_at_named_point_then_restart_pays_exactly_once(
     assert stats["refunds_applied"] == 1
     assert stats["create_requests"] == provider_calls
     assert model.requests[order_id] == MODEL_REQUESTS_PER_REFUND  # answered requests were not sent again
-    steps = cluster.client.list_workflow_steps(refund_id, load_output=False)
-    assert [s["function_name"] for s in steps].count("payments.issue_refund") == 1
-    assert len({s["function_id"] for s in steps}) == len(steps)
+    payments = 0
+    for workflow_id in family(refund_id):
+        steps = cluster.client.list_workflow_steps(workflow_id, load_output=False)
+        payments += [s["function_name"] for s in steps].count("payments.issue_refund")
+        assert len({s["function_id"] for s in steps}) == len(steps)
+    assert payments == 1
+    assert cluster.pending(refund_id) == []  # nothing stuck
     with app_db().engine.connect() as conn:
         assert audit.verify(conn).ok
         events = [e.event for e in audit.entries(conn, refund_id)]

@@ -1,0 +1,72 @@
+"""A refund parked for approval is rows in the database: no running workflow, no queue slot, no coroutine.
+
+Its deciding workflow has ended; what waits is its approval request (application database) and two
+DELAYED workflows, the deadline and the reminder (system database), which no worker loads until they
+are due. So a worker with one queue slot keeps starting refunds whatever waits, and a restart finds
+nothing to recover.
+"""
+
+from __future__ import annotations
+
+import gc
+from datetime import datetime
+from typing import Any
+
+import pytest
+from dbos import DBOSClient
+
+from agent import runtime
+from agent.approvals import deadline_id, escalation_id, family
+from agent.domain import RefundRequest
+from agent.processes import wait_for
+from agent.status import parked, wait_for_outcome
+from agent.submit import submit_refund
+from steps.seed import seed
+from steps.store import app_db
+from tests.conftest import Env
+
+
+def _statuses(client: DBOSClient, refund_id: str) -> dict[str, Any]:
+    return {w.workflow_id: w for w in client.list_workflows(workflow_ids=family(refund_id), load_input=False)}
+
+
+def test_parked_refunds_leave_no_running_workflow_and_the_next_refund_runs(env: Env) -> None:
+    rt = runtime.start(env.settings(queue_worker_concurrency=1, approval_escalate_after_seconds=3600.0))
+    seed(app_db().engine)
+    client: DBOSClient = runtime.client(rt.settings)
+    try:
+        waiting = [f"holds-nothing-{n}" for n in range(3)]
+        for refund_id in waiting:
+            request = RefundRequest(order_id="ord_1002", message="Everything arrived broken.")
+            submit_refund(client, idempotency_key=refund_id, request=request)
+        requests = {r: wait_for(lambda r=r: parked(client, r), timeout=60, what="parking") for r in waiting}
+
+        for refund_id, request in requests.items():
+            runs = _statuses(client, refund_id)
+            assert runs[refund_id].status == "SUCCESS"  # the deciding workflow ended
+            deadline, reminder = runs[deadline_id(refund_id)], runs[escalation_id(refund_id)]
+            assert (deadline.status, reminder.status) == ("DELAYED", "DELAYED")
+            assert deadline.app_version is None  # runs on whatever release is deployed when it is due
+            due = deadline.delay_until_epoch_ms / 1000
+            assert abs(due - datetime.fromisoformat(request["expires_at"]).timestamp()) < 5
+            assert set(runs) == {refund_id, deadline_id(refund_id), escalation_id(refund_id)}
+        assert client.list_workflows(status=["PENDING", "ENQUEUED"], load_input=False) == []
+
+        # One queue slot, three refunds waiting: the next refund still starts at once and completes.
+        small = RefundRequest(order_id="ord_1001", message="The mouse is broken.")
+        submit_refund(client, idempotency_key="holds-nothing-small", request=small)
+        assert wait_for_outcome(client, "holds-nothing-small", timeout=60)["status"] == "completed"
+    finally:
+        client.destroy()
+        runtime.stop()
+
+
+@pytest.mark.parametrize("env", ["sqlite"], indirect=True)
+def test_start_up_objects_stay_out_of_full_collections_until_the_runtime_stops(env: Env) -> None:
+    assert gc.get_freeze_count() == 0
+    runtime.start(env.settings())
+    try:
+        assert gc.get_freeze_count() > 10_000  # modules, validators, the agent, DBOS's registry
+    finally:
+        runtime.stop()
+    assert gc.get_freeze_count() == 0  # a stopped runtime's objects are ordinary garbage again
