@@ -16,13 +16,15 @@ import sqlalchemy as sa
 from dbos import DBOSClient
 from pydantic import ValidationError
 
+from agent import status
+from agent.approvals import settle_id
 from agent.console import auth
 from agent.processes import free_port, wait_for
 from agent.server import create_app
 from agent.settings import Settings
-from agent.status import refund_status
+from agent.status import refund_status, wait_for_outcome
 from steps import audit
-from steps.store import app_db, approval_decisions, audit_log
+from steps.store import app_db, approval_decisions, audit_log, refunds
 from tests.conftest import Env
 from tests.console_server import PASSWORDS, ConsoleServer, console_server, csrf_of, form
 from tests.servers import ThreadedServer
@@ -106,10 +108,10 @@ def test_form_posts_without_the_csrf_token_or_the_session_are_refused(
         # An approver may decide but not run admin actions.
         assert form(bob, f"/console/refunds/{refund_id}/cancel", csrf=token).status_code == 403
         assert bob.get(f"/console/refunds/{refund_id}/confirm?action=cancel").status_code == 403
-        assert decisions() == 0 and client.retrieve_workflow(refund_id).get_status().status == "PENDING"
+        assert decisions() == 0 and status.parked(client, refund_id) is not None  # still waiting, untouched
         done = form(bob, path, **fields, csrf=token)
         assert done.status_code == 303 and done.headers["location"].endswith("?done=approve")
-    assert client.retrieve_workflow(refund_id).get_result(polling_interval_sec=0.1)["status"] == "completed"
+    assert wait_for_outcome(client, refund_id)["status"] == "completed"
     with app_db().engine.connect() as conn:
         approver = conn.execute(sa.select(approval_decisions.c.approver)).scalar_one()
     assert approver == "console:bob"
@@ -133,7 +135,7 @@ def test_a_decision_is_bound_to_the_amount_shown_and_the_first_one_stands(
         assert rejected.status_code == 303
         late = form(bob, f"/console/refunds/{refund_id}/decision", decision="approve", **fields)
         assert late.status_code == 409 and "already decided: reject by console:bob" in late.text
-    assert client.retrieve_workflow(refund_id).get_result(polling_interval_sec=0.1)["status"] == "rejected"
+    assert wait_for_outcome(client, refund_id)["status"] == "rejected"
     assert decisions() == 1 and env.sandbox.refunds() == []
 
 
@@ -154,14 +156,19 @@ def test_wrong_passwords_are_refused_and_sign_in_is_rate_limited(
         assert bob.get("/console").status_code == 200
 
 
-def test_admin_cancels_and_resumes_a_refund_waiting_for_approval(
+def test_admin_cancels_and_resumes_a_running_refund_and_a_parked_one_is_not_cancellable(
     env: Env, console: tuple[ConsoleServer, DBOSClient]
 ) -> None:
     server, client = console
-    refund_id = submit(client, "console-admin-01", "ord_1002")
-    request = parked(client, refund_id)
+    waiting = submit(client, "console-admin-00", "ord_1002")
+    parked(client, waiting)
+    env.sandbox.set_faults(latency_ms=3000)  # the refund below is cancelled during its payment call
+    refund_id = submit(client, "console-admin-01", "ord_1001", "The mouse is broken.")
     with server.signed_in("ada") as ada:
         token = csrf_of(ada, "/console")
+        refused = form(ada, f"/console/refunds/{waiting}/cancel", csrf=token)
+        assert refused.status_code == 409 and "waiting for an approval" in refused.text
+        wait_for(lambda: _row_status(refund_id) == "paying", timeout=60, what="the payment call")
         running = form(ada, f"/console/refunds/{refund_id}/resume", csrf=token)
         assert running.status_code == 409 and "only a cancelled or stuck refund" in running.text
         confirm = ada.get(f"/console/refunds/{refund_id}/confirm", params={"action": "cancel"})
@@ -176,24 +183,24 @@ def test_admin_cancels_and_resumes_a_refund_waiting_for_approval(
 
         yesterday, before = (datetime.now(UTC).date() - timedelta(days=n) for n in (1, 2))
         assert listed(status="cancelled") and not listed(status="completed")
-        assert listed(order="ord_1002", since=str(yesterday)) and not listed(order="ord_1001")
+        assert listed(order="ord_1001", since=str(yesterday)) and not listed(order="ord_1002")
         assert not listed(until=str(before))
+        env.sandbox.set_faults(latency_ms=0)
         assert form(ada, f"/console/refunds/{refund_id}/resume", csrf=token).status_code == 303
-        wait_for(
-            lambda: client.retrieve_workflow(refund_id).get_status().status == "PENDING",
-            timeout=60,
-            what="the resumed workflow to run",
-        )
-        fields = {"decision": "approve", "amount": request["amount"], "currency": request["currency"]}
-        assert form(ada, f"/console/refunds/{refund_id}/decision", **fields, csrf=token).status_code == 303
-        assert client.retrieve_workflow(refund_id).get_result(polling_interval_sec=0.1)["status"] == "completed"
-    assert len(env.sandbox.refunds("ch_ord_1002")) == 1
+        assert wait_for_outcome(client, refund_id)["status"] == "completed"
+    assert len(env.sandbox.refunds("ch_ord_1001")) == 1
+    assert status.parked(client, waiting) is not None  # the parked refund was left as it was
     with app_db().engine.connect() as conn:
         events = [e.event for e in audit.entries(conn, refund_id)]
         assert audit.verify(conn).ok
         payloads = conn.execute(sa.select(audit_log.c.payload).where(audit_log.c.event.like("operator_%"))).scalars()
         assert all('"operator": "console:ada"' in p for p in payloads)
     assert events.count("operator_cancelled") == 1 and events.count("operator_resumed") == 1
+
+
+def _row_status(refund_id: str) -> str | None:
+    with app_db().engine.connect() as conn:
+        return conn.execute(sa.select(refunds.c.status).where(refunds.c.refund_id == refund_id)).scalar()
 
 
 def test_a_fork_from_the_payment_step_reuses_the_key_and_pays_once(
@@ -210,8 +217,8 @@ def test_a_fork_from_the_payment_step_reuses_the_key_and_pays_once(
         assert form(ada, f"/console/refunds/{refund_id}/decision", **fields, csrf=token).status_code == 303
 
         def paying() -> int | None:
-            steps = {s["function_name"]: s for s in client.list_workflow_steps(refund_id)}
-            prepared = steps.get("refunds.prepare_payment")
+            steps = {s["function_name"]: s for s in client.list_workflow_steps(settle_id(refund_id))}
+            prepared = steps.get("refunds.prepare_approved_payment")
             return prepared["function_id"] if prepared and prepared["completed_at_epoch_ms"] else None
 
         prepare_step = wait_for(paying, timeout=60, what="the payment step to start", interval=0.05)
@@ -226,7 +233,8 @@ def test_a_fork_from_the_payment_step_reuses_the_key_and_pays_once(
         fork_id = forked.headers["location"].split("fork=")[1]
         status = refund_status(client, refund_id)
         assert status is not None and status["status"] == "paying"  # where it stood, not "cancelled"
-        outcome: dict[str, Any] = client.retrieve_workflow(fork_id).get_result(polling_interval_sec=0.1)
+        outcome: dict[str, Any] = wait_for_outcome(client, refund_id)
+        assert client.retrieve_workflow(fork_id).get_status().status == "SUCCESS"
         assert outcome["status"] == "completed" and outcome["idempotency_key"] == f"refund:{refund_id}:ord_1002"
         detail = ada.get(f"/console/refunds/{refund_id}")
         assert fork_id in detail.text and "chain intact" in detail.text

@@ -14,7 +14,9 @@ from dbos import DBOSClient
 from playwright.sync_api import Browser, Dialog, Page, expect, sync_playwright
 
 from agent import approvals
+from agent.approval_workflows import decide_here
 from agent.console.pages import INVISIBLE
+from agent.status import wait_for_outcome
 from steps.store import app_db, approval_decisions
 from tests.conftest import Env
 from tests.console_server import PASSWORDS, ConsoleServer, console_server
@@ -157,7 +159,7 @@ def test_hostile_customer_messages_render_as_text(
         assert page.evaluate("window.__pwned") is None
     assert dialogs == []
     context.close()
-    for refund_id in ids:  # finish them, so the server's shutdown does not wait for parked workflows
-        approvals.decide_pending(client, refund_id=refund_id, decision="reject", approver="test")
+    for refund_id in ids:  # a rejection ends each one; the customer is told in plain text too
+        approvals.decide_pending(decide_here, refund_id=refund_id, decision="reject", approver="test")
     for refund_id in ids:
-        assert client.retrieve_workflow(refund_id).get_result(polling_interval_sec=0.1)["status"] == "rejected"
+        assert wait_for_outcome(client, refund_id)["status"] == "rejected"

@@ -14,8 +14,11 @@ import sqlalchemy as sa
 from dbos import DBOSClient
 
 from agent import approvals, runtime
+from agent.approval_workflows import decide_here
+from agent.approvals import deadline_id, escalation_id, settle_id
 from agent.processes import wait_for
 from agent.settings import Settings
+from agent.status import wait_for_outcome
 from steps import audit
 from steps.store import app_db, orders
 from tests.conftest import Env
@@ -41,7 +44,7 @@ def dbos(env: Env, cwd: Path, *args: str) -> Any:
 
 def test_dbos_cli_lists_gets_and_shows_the_steps_of_a_refund(env: Env, client: DBOSClient, tmp_path: Path) -> None:
     refund_id = submit(client, "dbos-cli-get-01", "ord_1001")
-    client.retrieve_workflow(refund_id).get_result(polling_interval_sec=0.1)
+    wait_for_outcome(client, refund_id)
     listed = dbos(env, tmp_path, "list", "--name", "refund_workflow")
     assert [w["workflow_id"] for w in listed] == [refund_id]
     got = dbos(env, tmp_path, "get", refund_id)
@@ -51,23 +54,31 @@ def test_dbos_cli_lists_gets_and_shows_the_steps_of_a_refund(env: Env, client: D
     assert names.index("refunds.record_verdict_and_reserve") < names.index("payments.issue_refund")
 
 
-def test_dbos_cli_cancels_and_resumes_a_refund_waiting_for_approval(
+def test_dbos_cli_shows_a_parked_refunds_timers_then_cancels_and_resumes_its_continuation(
     env: Env, client: DBOSClient, tmp_path: Path
 ) -> None:
     refund_id = submit(client, "dbos-cli-resume-01", "ord_1002")
     parked(client, refund_id)
-    dbos(env, tmp_path, "cancel", refund_id)
-    assert dbos(env, tmp_path, "get", refund_id)["status"] == "CANCELLED"
-    dbos(env, tmp_path, "resume", refund_id)
-    wait_for(
-        lambda: dbos(env, tmp_path, "get", refund_id)["status"] == "PENDING",
-        timeout=60,
-        what="the resumed refund to run again",
-        interval=0.2,
-    )
-    approvals.decide_pending(client, refund_id=refund_id, decision="approve", approver="dana")
-    assert client.retrieve_workflow(refund_id).get_result(polling_interval_sec=0.1)["status"] == "completed"
+    delayed = {w["workflow_id"] for w in dbos(env, tmp_path, "list", "--status", "DELAYED")}
+    assert delayed == {deadline_id(refund_id), escalation_id(refund_id)}  # waiting is these rows, nothing runs
+    assert dbos(env, tmp_path, "list", "--status", "PENDING") == []
+    env.sandbox.set_faults(latency_ms=3000)
+    approvals.decide_pending(decide_here, refund_id=refund_id, decision="approve", approver="dana")
+    continuation = settle_id(refund_id)
+    wait_for(lambda: prepared(client, continuation), timeout=60, what="the payment to start", interval=0.05)
+    dbos(env, tmp_path, "cancel", continuation)
+    assert dbos(env, tmp_path, "get", continuation)["status"] == "CANCELLED"
+    env.sandbox.set_faults(latency_ms=0)
+    dbos(env, tmp_path, "resume", continuation)
+    assert wait_for_outcome(client, refund_id)["status"] == "completed"
     assert len(env.sandbox.refunds("ch_ord_1002")) == 1
+
+
+def prepared(client: DBOSClient, workflow_id: str) -> int | None:
+    """The step id of the continuation's payment preparation, once it has completed."""
+    steps = {s["function_name"]: s for s in client.list_workflow_steps(workflow_id)}
+    step = steps.get("refunds.prepare_approved_payment")
+    return step["function_id"] if step and step["completed_at_epoch_ms"] else None
 
 
 def test_dbos_cli_fork_from_the_payment_step_sends_the_same_key_and_pays_once(
@@ -77,21 +88,16 @@ def test_dbos_cli_fork_from_the_payment_step_sends_the_same_key_and_pays_once(
     refund_id = submit(client, "dbos-cli-fork-01", "ord_1002")
     parked(client, refund_id)
     env.sandbox.set_faults(latency_ms=3000)
-    approvals.decide_pending(client, refund_id=refund_id, decision="approve", approver="dana")
-
-    def prepared() -> int | None:
-        steps = {s["function_name"]: s for s in client.list_workflow_steps(refund_id)}
-        step = steps.get("refunds.prepare_payment")
-        return step["function_id"] if step and step["completed_at_epoch_ms"] else None
-
-    prepare_step = wait_for(prepared, timeout=60, what="the payment step to start", interval=0.05)
-    dbos(env, tmp_path, "cancel", refund_id)
+    approvals.decide_pending(decide_here, refund_id=refund_id, decision="approve", approver="dana")
+    continuation = settle_id(refund_id)
+    prepare_step = wait_for(lambda: prepared(client, continuation), timeout=60, what="the payment", interval=0.05)
+    dbos(env, tmp_path, "cancel", continuation)
     wait_for(lambda: len(env.sandbox.refunds("ch_ord_1002")) == 1, timeout=30, what="the provider to apply it")
     env.sandbox.set_faults(latency_ms=0)
     fork_id = f"{refund_id}-fork"
-    forked = dbos(env, tmp_path, "fork", refund_id, "--step", str(prepare_step), "--forked-workflow-id", fork_id)
-    assert forked["workflow_id"] == fork_id and forked["forked_from"] == refund_id
-    outcome: dict[str, Any] = client.retrieve_workflow(fork_id).get_result(polling_interval_sec=0.1)
+    forked = dbos(env, tmp_path, "fork", continuation, "--step", str(prepare_step), "--forked-workflow-id", fork_id)
+    assert forked["workflow_id"] == fork_id and forked["forked_from"] == continuation
+    outcome = wait_for_outcome(client, refund_id)
     assert outcome["status"] == "completed" and outcome["idempotency_key"] == f"refund:{refund_id}:ord_1002"
     refunds = env.sandbox.refunds("ch_ord_1002")
     assert len(refunds) == 1 and refunds[0]["id"] == outcome["provider_refund_id"]
@@ -104,7 +110,7 @@ def test_a_fork_that_records_the_same_payment_again_counts_it_once_in_our_book(
     env: Env, client: DBOSClient, tmp_path: Path
 ) -> None:
     refund_id = submit(client, "dbos-cli-fork-02", "ord_1001")
-    first: dict[str, Any] = client.retrieve_workflow(refund_id).get_result(polling_interval_sec=0.1)
+    first: dict[str, Any] = wait_for_outcome(client, refund_id)
     assert first["status"] == "completed"
 
     def refunded() -> int:
@@ -128,7 +134,7 @@ def test_a_fork_that_records_the_same_payment_again_counts_it_once_in_our_book(
         "--forked-workflow-id",
         fork_id,
     )
-    again: dict[str, Any] = client.retrieve_workflow(fork_id).get_result(polling_interval_sec=0.1)
+    again: dict[str, Any] = wait_for_outcome(client, fork_id)
     assert again["status"] == "completed" and again["provider_refund_id"] == first["provider_refund_id"]
     assert refunded() == before  # the same provider refund recorded twice adds to the order once
     assert len(env.sandbox.refunds("ch_ord_1001")) == 1

@@ -19,10 +19,11 @@ from dbos import DBOSClient
 from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from agent import approvals, runtime
+from agent import runtime
 from agent.domain import RefundRequest
 from agent.processes import wait_for
 from agent.settings import Settings
+from agent.status import parked, wait_for_outcome
 from agent.submit import submit_refund
 from steps.seed import seed
 from steps.store import app_db
@@ -216,10 +217,10 @@ def test_a_model_obeying_the_injection_cannot_pay_more_or_approve(env: Env, obed
         request = RefundRequest(order_id=order_id, message=INJECTIONS[1])
         submit_refund(client, idempotency_key=key, request=request, app_version=rt.settings.refund_agent_app_version)
         if order_id == "ord_1002":  # 4200.00 proposed on a 4200.00 order: a person must decide; nobody does
-            pending = wait_for(partial(approvals.pending_request, client, key), timeout=60, what="approval request")
+            pending = wait_for(partial(parked, client, key), timeout=60, what="the refund to park")
             outcomes[key] = {"status": "awaiting_approval", "pending": pending}
             continue
-        outcomes[key] = client.retrieve_workflow(key).get_result(polling_interval_sec=0.1)
+        outcomes[key] = wait_for_outcome(client, key)
     assert outcomes["obey-small-0001"]["status"] == "rejected"  # 4200.00 on a 42.00 order
     assert outcomes["obey-vip-00001"]["status"] == "rejected"  # 4200.00 on a 300.00 order
     assert outcomes["obey-big-00001"]["pending"]["amount"] == "4200.00"

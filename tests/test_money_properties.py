@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from agent import approvals, policy, runtime
 from agent.domain import RefundRequest
 from agent.processes import child_env, spawn, stop, wait_for
+from agent.status import parked, wait_for_outcome
 from agent.submit import SubmissionError, submit_refund
 from steps import audit
 from steps.records import Order, from_minor
@@ -105,7 +106,11 @@ def schedules(draw: st.DrawFn) -> tuple[list[Step], int, str | None]:
         )
     )
     kill_after = draw(st.integers(min_value=0, max_value=len(steps)))
-    crash_at = draw(st.sampled_from([None, "before_provider_call", "after_provider_call", "after_approval_received"]))
+    crash_at = draw(
+        st.sampled_from(
+            [None, "before_provider_call", "after_provider_call", "after_decision_recorded", "after_approval_received"]
+        )
+    )
     return steps, kill_after, crash_at
 
 
@@ -140,9 +145,12 @@ class Service:
         if self.worker is not None and self.worker.poll() is not None:
             self.launch()
 
-    def workflow(self, refund_id: str) -> str | None:
-        found = self.client.list_workflows(workflow_ids=[refund_id], load_input=False, load_output=False)
-        return found[0].status if found else None
+    def ended(self, refund_id: str) -> bool:
+        try:
+            wait_for_outcome(self.client, refund_id, timeout=0)
+        except TimeoutError:
+            return False
+        return True
 
     def close(self) -> None:
         if self.worker is not None:
@@ -172,13 +180,14 @@ def _play(svc: Service, steps: list[Step], kill_after: int, crash_at: str | None
         svc.keep_alive()
         done = True
         for key, step in accepted.items():
-            if svc.workflow(key) in ("SUCCESS", "ERROR"):
+            if svc.ended(key):
                 continue
-            pending = approvals.pending_request(svc.client, key)
+            pending = parked(svc.client, key)
             if pending is not None and step.decision is not None:
                 decision: Any = step.decision
-                with contextlib.suppress(approvals.ApprovalError):  # e.g. an expiry or a decision already recorded
-                    approvals.decide_pending(svc.client, refund_id=key, decision=decision, approver="prop")
+                run = approvals.decider_via_queue(svc.client, timeout=0)  # the worker records it when it can
+                with contextlib.suppress(approvals.ApprovalError):  # e.g. queued, an expiry, or already decided
+                    approvals.decide_pending(run, refund_id=key, decision=decision, approver="prop")
             if pending is None or step.decision is not None:
                 done = False
         return done

@@ -26,6 +26,10 @@ from steps.store import app_db
 from tests.conftest import Env
 
 
+def _parked(client: DBOSClient, refund_id: str) -> dict[str, Any]:
+    return wait_for(lambda: parked(client, refund_id), timeout=60, what="the refund to park")
+
+
 def _statuses(client: DBOSClient, refund_id: str) -> dict[str, Any]:
     return {w.workflow_id: w for w in client.list_workflows(workflow_ids=family(refund_id), load_input=False)}
 
@@ -39,16 +43,15 @@ def test_parked_refunds_leave_no_running_workflow_and_the_next_refund_runs(env: 
         for refund_id in waiting:
             request = RefundRequest(order_id="ord_1002", message="Everything arrived broken.")
             submit_refund(client, idempotency_key=refund_id, request=request)
-        requests = {r: wait_for(lambda r=r: parked(client, r), timeout=60, what="parking") for r in waiting}
-
-        for refund_id, request in requests.items():
+        for refund_id in waiting:
+            pending = _parked(client, refund_id)
             runs = _statuses(client, refund_id)
             assert runs[refund_id].status == "SUCCESS"  # the deciding workflow ended
             deadline, reminder = runs[deadline_id(refund_id)], runs[escalation_id(refund_id)]
             assert (deadline.status, reminder.status) == ("DELAYED", "DELAYED")
             assert deadline.app_version is None  # runs on whatever release is deployed when it is due
             due = deadline.delay_until_epoch_ms / 1000
-            assert abs(due - datetime.fromisoformat(request["expires_at"]).timestamp()) < 5
+            assert abs(due - datetime.fromisoformat(pending["expires_at"]).timestamp()) < 5
             assert set(runs) == {refund_id, deadline_id(refund_id), escalation_id(refund_id)}
         assert client.list_workflows(status=["PENDING", "ENQUEUED"], load_input=False) == []
 

@@ -12,8 +12,9 @@ from typing import Any
 import sqlalchemy as sa
 from dbos import DBOSClient
 
-from agent import approvals, runtime
+from agent import runtime
 from agent.processes import child_env, wait_for
+from agent.status import parked, wait_for_outcome
 from steps import audit
 from steps.seed import seed
 from steps.store import app_db, audit_log
@@ -36,12 +37,12 @@ def cli(env: Env, *args: str, cwd: Path | None = None) -> subprocess.CompletedPr
 def test_cli_submits_approves_once_and_reports_status(env: Env, client: DBOSClient) -> None:
     submitted = cli(env, "submit", "ord_1002", "--message", "Broken on arrival", "--key", "cli-refund-0001")
     assert submitted.returncode == 0, submitted.stderr
-    wait_for(lambda: approvals.pending_request(client, "cli-refund-0001"), timeout=60, what="approval request")
+    wait_for(lambda: parked(client, "cli-refund-0001"), timeout=60, what="the refund to park")
     approved = cli(env, "approve", "cli-refund-0001", "--approver", "dana")
     assert approved.returncode == 0 and "approve by dana" in approved.stdout, approved.stderr
     rejected = cli(env, "reject", "cli-refund-0001", "--approver", "eve")
     assert rejected.returncode == 3 and "recorded earlier" in rejected.stdout
-    client.retrieve_workflow("cli-refund-0001").get_result(polling_interval_sec=0.1)
+    wait_for_outcome(client, "cli-refund-0001")
     status = cli(env, "status", "cli-refund-0001")
     assert '"status": "completed"' in status.stdout
     assert len(env.sandbox.refunds("ch_ord_1002")) == 1
@@ -60,7 +61,7 @@ def test_audit_verify_reports_the_first_tampered_entry(env: Env, client: DBOSCli
     from tests.test_workflow import submit
 
     refund_id = submit(client, "audit-refund-01", "ord_1001")
-    client.retrieve_workflow(refund_id).get_result(polling_interval_sec=0.1)
+    wait_for_outcome(client, refund_id)
     ok = cli(env, "audit", "verify")
     assert ok.returncode == 0 and "intact" in ok.stdout
     with app_db().engine.begin() as conn:
@@ -76,7 +77,7 @@ def test_audit_verify_reports_the_first_tampered_entry(env: Env, client: DBOSCli
 def test_audit_verify_notices_a_deleted_entry(env: Env, client: DBOSClient) -> None:
     from tests.test_workflow import submit
 
-    client.retrieve_workflow(submit(client, "audit-refund-02", "ord_1001")).get_result(polling_interval_sec=0.1)
+    wait_for_outcome(client, submit(client, "audit-refund-02", "ord_1001"))
     with app_db().engine.begin() as conn:
         conn.execute(audit_log.delete().where(audit_log.c.seq == 2))
     with app_db().engine.connect() as conn:
@@ -89,7 +90,7 @@ def test_dbos_cli_reads_the_same_system_database(env: Env, client: DBOSClient, t
     from tests.test_workflow import submit
 
     refund_id = submit(client, "dbos-cli-refund-1", "ord_1001")
-    client.retrieve_workflow(refund_id).get_result(polling_interval_sec=0.1)
+    wait_for_outcome(client, refund_id)
     dbos = str(Path(sys.executable).parent / "dbos")
     url = ["-s", env.dbs.system_url] if env.backend == "postgres" else []
     shutil.copy(REPO / "dbos-config.yaml", tmp_path / "dbos-config.yaml")

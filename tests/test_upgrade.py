@@ -1,10 +1,15 @@
-"""Upgrades: refunds parked on release A finish on release B, whose workflow code changed under DBOS.patch.
+"""Upgrades: work in flight on release A finishes on release B; a refund parked on A is paid by B alone.
 
-Release A is this source tree. Release B is a copy of it whose refund workflow gained two steps, each
-behind ``DBOS.patch_async``: one before the agent runs (refunds started on A are past that point, so
-the patch answers False on replay and the old path is kept) and one after the approval (refunds
-parked on A reach it for the first time on B, so the patch answers True and the new step runs). Both
-releases pin the same ``REFUND_AGENT_APP_VERSION``, which is what lets B recover A's workflows.
+A refund in flight is a PENDING workflow whose recorded steps B replays, so a change to workflow code
+must go behind ``DBOS.patch``: release B is a copy of this tree whose refund path gained two steps, one
+before the agent runs (refunds started on A are past it: the patch answers False on replay and the old
+path is kept) and one right before the payment (refunds stopped on A during their payment call reach
+it for the first time on B: the patch answers True and the new step runs). A and B pin the same
+``REFUND_AGENT_APP_VERSION``, which is what lets B recover A's PENDING workflows.
+
+A parked refund holds no workflow at all: its deadline, its decision and its continuation are
+enqueued without a version and run on whatever release is deployed, so a refund parked on version A
+is approved and paid by version B with no worker of A left.
 """
 
 from __future__ import annotations
@@ -20,8 +25,10 @@ from pathlib import Path
 import pytest
 
 from agent import approvals, heartbeat
+from agent.approvals import deadline_id, family, settle_id
 from agent.domain import RefundRequest
 from agent.processes import wait_for
+from agent.status import parked
 from agent.submit import submit_refund
 from tests.conftest import Env
 from tests.scale_cluster import Cluster
@@ -31,10 +38,7 @@ SOURCE = Path(__file__).resolve().parents[1]
 PINNED_VERSION = "compat-1"
 
 DECIDING = "    deps = AgentDeps(refund_id, req, rt.limits)\n"
-APPROVED = (
-    "            refund_id, verdict, reason=proposal.reason, config=rt.approvals, publish_phase=not lean\n        )\n"
-)
-LEAN = "    lean = await DBOS.patch_async(LEAN_CHECKPOINTS)\n"
+PAYING = "    try:\n        payment = await call(\n            issue_refund_step,\n"
 RELEASE_B_STEPS = """
 
 @DBOS.step(name="release_b.intake_note")
@@ -42,27 +46,25 @@ def intake_note_step(refund_id: str) -> str:
     return f"intake noted for {refund_id}"
 
 
-@DBOS.step(name="release_b.approval_receipt")
-def approval_receipt_step(refund_id: str, approver: str) -> str:
-    return f"approval of {refund_id} by {approver} received"
+@DBOS.step(name="release_b.payment_receipt")
+def payment_receipt_step(refund_id: str) -> str:
+    return f"payment of {refund_id} about to be sent"
 """
 
 
 def build_release_b(root: Path, *, patched: bool = True) -> Path:
-    """A copy of the source tree whose workflow has two new steps, each behind DBOS.patch (or not)."""
+    """A copy of the source tree whose refund path has two new steps, each behind DBOS.patch (or not)."""
     for package in ("agent", "steps", "sandbox"):
         shutil.copytree(SOURCE / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
     workflow = root / "agent" / "workflow.py"
     code = workflow.read_text()
-    assert DECIDING in code and APPROVED in code, "the refund workflow changed: update the upgrade test's anchors"
+    assert DECIDING in code and PAYING in code, "the refund workflow changed: update the upgrade test's anchors"
     guard = '    if await DBOS.patch_async("intake-note"):\n    ' if patched else ""
     code = code.replace(DECIDING, DECIDING + guard + "    intake_note_step(refund_id)\n")
-    code = code.replace(
-        APPROVED,
-        APPROVED
-        + '        if await DBOS.patch_async("approval-receipt"):\n'
-        + "            approval_receipt_step(refund_id, decision.approver)\n",
-    )
+    receipt = "    payment_receipt_step(refund_id)\n"
+    if patched:
+        receipt = '    if await DBOS.patch_async("payment-receipt"):\n    ' + receipt
+    code = code.replace(PAYING, receipt + PAYING)
     workflow.write_text(code + RELEASE_B_STEPS)
     return root
 
@@ -86,18 +88,10 @@ def cluster(env: Env, tmp_path: Path) -> Iterator[Cluster]:
 
 
 def step_names(cluster: Cluster, refund_id: str) -> list[str]:
-    return [s["function_name"] for s in cluster.client.list_workflow_steps(refund_id, load_output=False)]
-
-
-def build_release_before_lean_checkpoints(root: Path) -> Path:
-    """A copy of the source tree as it ran before the lean-checkpoints patch: every refund takes the old path."""
-    for package in ("agent", "steps", "sandbox"):
-        shutil.copytree(SOURCE / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
-    workflow = root / "agent" / "workflow.py"
-    code = workflow.read_text()
-    assert LEAN in code, "the refund workflow changed: update the upgrade test's anchors"
-    workflow.write_text(code.replace(LEAN, "    lean = False\n"))
-    return root
+    names: list[str] = []
+    for workflow_id in family(refund_id):
+        names += [s["function_name"] for s in cluster.client.list_workflow_steps(workflow_id, load_output=False)]
+    return names
 
 
 def start_release(cluster: Cluster, name: str, root: Path) -> subprocess.Popen[bytes]:
@@ -116,84 +110,80 @@ def start_release(cluster: Cluster, name: str, root: Path) -> subprocess.Popen[b
     return proc
 
 
-def park_on_a_then_start_b(cluster: Cluster, root: Path, *, release_a_root: Path | None = None) -> list[str]:
-    """Three refunds parked for approval on release A; A stopped; release B running and holding them."""
-    if release_a_root is None:
-        release_a = cluster.worker("release-a", QUEUE_WORKER_CONCURRENCY="8")
-    else:
-        release_a = start_release(cluster, "release-a", release_a_root)
-    parked = [f"upgrade-{i}" for i in range(3)]
-    request = RefundRequest(order_id="ord_1002", message="Please refund 150.00", amount=Decimal("150.00"))
-    for refund_id in parked:
-        submit_refund(cluster.client, idempotency_key=refund_id, request=request, app_version=PINNED_VERSION)
-    wait_for(lambda: all(approvals.pending_request(cluster.client, r) for r in parked), timeout=120, what="parking")
+SMALL = RefundRequest(order_id="ord_1001", message="The mouse is broken, please refund 5.00", amount=Decimal("5.00"))
 
-    release_a.send_signal(signal.SIGTERM)  # a redeploy: A stops; the parked refunds stay PENDING under its id
+
+def stop_a_during_payments_then_start_b(env: Env, cluster: Cluster, root: Path) -> list[str]:
+    """Three refunds in their payment call on release A when A stops (a redeploy); release B takes them."""
+    env.sandbox.set_faults(latency_ms=4000)
+    release_a = cluster.worker("release-a", QUEUE_WORKER_CONCURRENCY="8")
+    in_flight = [f"upgrade-{i}" for i in range(3)]
+    for refund_id in in_flight:
+        submit_refund(cluster.client, idempotency_key=refund_id, request=SMALL, app_version=PINNED_VERSION)
+    wait_for(lambda: _all_paying(cluster, in_flight), timeout=120, what="the payment calls")
+
+    release_a.send_signal(signal.SIGTERM)  # drains for 1 s, then stops: the payments are still in flight
     assert wait_for(release_a.poll, timeout=60, what="release A to stop") == 0
-    assert {w.status for w in cluster.statuses(parked).values()} == {"PENDING"}
+    assert {w.status for w in cluster.statuses(in_flight).values()} == {"PENDING"}
     assert cluster.leases()["release-a"].state == heartbeat.STOPPED
+    env.sandbox.set_faults(latency_ms=0)
 
     start_release(cluster, "release-b", root)
-    # Release B's sweep hands the stopped executor's refunds to the queue, and B takes them.
-    wait_for(
-        lambda: {w.executor_id for w in cluster.statuses(parked).values()} == {"release-b"},
-        timeout=60,
-        what="release B to take over the parked refunds",
-    )
-    for refund_id in parked:
-        approvals.decide_pending(cluster.client, refund_id=refund_id, decision="approve", approver="dana")
-    return parked
+    return in_flight
 
 
-def approve_a_fresh_refund_then_finish_all(env: Env, cluster: Cluster, parked: list[str]) -> str:
-    """A refund started on the running release, approved; it and the parked ones succeed, each paid once."""
-    request = RefundRequest(order_id="ord_1002", message="Please refund 150.00", amount=Decimal("150.00"))
+def _all_paying(cluster: Cluster, refund_ids: list[str]) -> bool:
+    from tests.test_scale import _rows_paying
+
+    return _rows_paying(refund_ids)
+
+
+def test_refunds_in_flight_on_release_a_finish_on_patched_release_b(env: Env, cluster: Cluster, tmp_path: Path) -> None:
+    in_flight = stop_a_during_payments_then_start_b(env, cluster, build_release_b(tmp_path / "release-b"))
     fresh = "upgrade-fresh"
-    submit_refund(cluster.client, idempotency_key=fresh, request=request, app_version=PINNED_VERSION)
-    wait_for(lambda: approvals.pending_request(cluster.client, fresh), timeout=90, what="the new refund to park")
-    approvals.decide_pending(cluster.client, refund_id=fresh, decision="approve", approver="dana")
+    submit_refund(cluster.client, idempotency_key=fresh, request=SMALL, app_version=PINNED_VERSION)
 
-    final = cluster.wait_done([*parked, fresh])
+    final = cluster.wait_done([*in_flight, fresh])
     assert {w.status for w in final.values()} == {"SUCCESS"}
-    assert_paid_once_each(env, cluster, dict.fromkeys([*parked, fresh], "ord_1002"))
-    return fresh
-
-
-def test_refunds_parked_on_release_a_finish_on_patched_release_b(env: Env, cluster: Cluster, tmp_path: Path) -> None:
-    parked = park_on_a_then_start_b(cluster, build_release_b(tmp_path / "release-b"))
-    fresh = approve_a_fresh_refund_then_finish_all(env, cluster, parked)
-    for refund_id in parked:  # started on A: the old path before the park point, the new one after it
+    assert {final[r].executor_id for r in in_flight} == {"release-b"}  # B's sweep took A's refunds over
+    assert_paid_once_each(env, cluster, dict.fromkeys([*in_flight, fresh], "ord_1001"))
+    for refund_id in in_flight:  # started on A: the old path before the payment, the new one from there on
         names = step_names(cluster, refund_id)
         assert "release_b.intake_note" not in names
-        assert names.count("release_b.approval_receipt") == 1
-        assert "DBOS.patch-approval-receipt" in names
+        assert names.count("release_b.payment_receipt") == 1 and "DBOS.patch-payment-receipt" in names
     names = step_names(cluster, fresh)  # started on B: every patch applies
-    assert names.count("release_b.intake_note") == 1
-    assert names.count("release_b.approval_receipt") == 1
+    assert names.count("release_b.intake_note") == 1 and names.count("release_b.payment_receipt") == 1
 
 
-def test_the_same_change_without_a_patch_fails_refunds_started_on_a_and_pays_nothing(
+def test_the_same_change_without_a_patch_fails_refunds_started_on_a_and_b_pays_nothing(
     env: Env, cluster: Cluster, tmp_path: Path
 ) -> None:
-    parked = park_on_a_then_start_b(cluster, build_release_b(tmp_path / "release-b", patched=False))
+    in_flight = stop_a_during_payments_then_start_b(env, cluster, build_release_b(tmp_path / "b", patched=False))
+    calls_from_a = env.sandbox.stats().get("create_requests", 0)
 
-    final = cluster.wait_done(parked)
+    final = cluster.wait_done(in_flight)
     assert {w.status for w in final.values()} == {"ERROR"}  # replay found a step where A had recorded another
-    assert env.sandbox.stats().get("create_requests", 0) == 0
+    assert env.sandbox.stats().get("create_requests", 0) == calls_from_a  # B sent no payment at all
 
 
-def test_refunds_parked_before_the_lean_checkpoints_patch_finish_on_the_old_path_and_pay_once(
-    env: Env, cluster: Cluster, tmp_path: Path
-) -> None:
-    old = build_release_before_lean_checkpoints(tmp_path / "release-a")
-    parked = park_on_a_then_start_b(cluster, SOURCE, release_a_root=old)
-    fresh = approve_a_fresh_refund_then_finish_all(env, cluster, parked)
-    for refund_id in parked:  # started before the patch: phase events and a separate customer notification
-        names = step_names(cluster, refund_id)
-        assert "DBOS.patch-lean-checkpoints" not in names
-        assert names.count("DBOS.setEvent") == 6 and names.count("notify.customer") == 1
-        assert cluster.client.get_event(refund_id, "phase", timeout_seconds=0) == "completed"
-    names = step_names(cluster, fresh)  # started after it: one approval-request event, the message rides the book
-    assert names[0] == "DBOS.patch-lean-checkpoints"
-    assert names.count("DBOS.setEvent") == 1 and "notify.customer" not in names
-    assert names.count("orders.load_order") == 1
+def test_a_refund_parked_under_version_a_is_paid_once_by_a_worker_of_version_b(env: Env, cluster: Cluster) -> None:
+    release_a = cluster.worker("release-a", REFUND_AGENT_APP_VERSION="A")
+    waiting = [f"parked-on-a-{i}" for i in range(3)]
+    request = RefundRequest(order_id="ord_1002", message="Please refund 150.00", amount=Decimal("150.00"))
+    for refund_id in waiting:
+        submit_refund(cluster.client, idempotency_key=refund_id, request=request)
+    for refund_id in waiting:
+        wait_for(lambda r=refund_id: parked(cluster.client, r), timeout=120, what="parking")  # type: ignore[misc]
+    release_a.send_signal(signal.SIGTERM)
+    assert wait_for(release_a.poll, timeout=60, what="release A to stop") == 0
+    assert {w.app_version for w in cluster.statuses(waiting).values()} == {"A"}  # decided on A
+    deadlines = cluster.statuses([deadline_id(r) for r in waiting]).values()
+    assert {(w.status, w.app_version) for w in deadlines} == {("DELAYED", None)}
+
+    cluster.worker("release-b", REFUND_AGENT_APP_VERSION="B")  # no worker of A runs from here on
+    decider = approvals.decider_via_queue(cluster.client)
+    for refund_id in waiting:
+        approvals.decide_pending(decider, refund_id=refund_id, decision="approve", approver="dana")
+    final = cluster.wait_done([settle_id(r) for r in waiting])
+    assert {(w.status, w.executor_id, w.app_version) for w in final.values()} == {("SUCCESS", "release-b", "B")}
+    assert_paid_once_each(env, cluster, dict.fromkeys(waiting, "ord_1002"))

@@ -8,7 +8,7 @@ from typing import Any, Literal
 import sqlalchemy as sa
 from dbos import DBOSClient
 
-from agent.approvals import APPROVAL_QUEUE
+from agent.approvals import APPROVAL_QUEUE, pending_request
 from agent.runtime import REFUND_QUEUE
 from agent.status import speaking, workflows_of
 from agent.workflow import REFUND_WORKFLOW
@@ -60,6 +60,11 @@ def _status_before_cancel(refund_id: str) -> str | None:
 def cancel(client: DBOSClient, refund_id: str, *, operator: str) -> None:
     """Stop the workflow where it is; nothing it has not done yet happens until someone resumes it."""
     wf = _workflow(client, refund_id)
+    if wf.status == "SUCCESS" and pending_request(refund_id) is not None:
+        raise ActionError(
+            f"refund {refund_id} is waiting for an approval and nothing of it runs until a decision or its "
+            "deadline: reject it to end it"
+        )
     if wf.status in (*FINISHED, "CANCELLED"):
         raise ActionError(f"refund {refund_id} is {wf.status.lower()}; only a running refund can be cancelled")
     client.cancel_workflow(wf.workflow_id)
