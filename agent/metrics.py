@@ -3,8 +3,9 @@
 Two kinds, so that adding processes never double-counts:
 
 - **Cluster state, read from the databases at scrape time** (only the API's ``/metrics`` serves these,
-  so scrape one API process for them): refunds by outcome and by in-progress status, parked approvals,
-  the time approvals waited, and the depth of the ``refunds`` queue in DBOS's system database.
+  so scrape one API process for them): refunds by outcome and by in-progress status, parked approvals
+  (escalated ones, and ones past their deadline that the deadline workflow has not closed yet), the time
+  approvals waited, and the depth of the ``refunds`` and ``approvals`` queues in DBOS's system database.
 - **Process counters** (every process; workers serve them on ``REFUND_AGENT_METRICS_PORT``): payment
   retries, counted from DBOS's retry of the payment step.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -66,27 +67,30 @@ def _as_datetime(value: Any) -> datetime | None:
 class ClusterCollector(Collector):
     """Reads the cluster's state from the application and DBOS system databases on every scrape."""
 
-    def __init__(self, app_engine: sa.Engine, client: Any, queue: str) -> None:
-        self.app_engine, self.client, self.queue = app_engine, client, queue
+    def __init__(self, app_engine: sa.Engine, client: Any, queues: Sequence[str]) -> None:
+        self.app_engine, self.client, self.queues = app_engine, client, tuple(queues)
 
     def collect(self) -> Iterator[Metric]:
-        from steps.store import approval_decisions, audit_log, refunds
+        from steps.store import approval_decisions, approval_requests, refunds
 
+        now = datetime.now(UTC)
+        undecided = approval_requests.outerjoin(
+            approval_decisions, approval_decisions.c.refund_id == approval_requests.c.refund_id
+        )
         with self.app_engine.connect() as conn:
             by_status: dict[str, int] = dict(
                 conn.execute(sa.select(refunds.c.status, sa.func.count()).group_by(refunds.c.status)).all()
             )
-            requested = (
-                sa.select(audit_log.c.refund_id, sa.func.min(audit_log.c.created_at).label("at"))
-                .where(audit_log.c.event == "approval_requested")
-                .group_by(audit_log.c.refund_id)
-                .subquery()
-            )
             waits = conn.execute(
-                sa.select(approval_decisions.c.decision, approval_decisions.c.decided_at, requested.c.at).join(
-                    requested, requested.c.refund_id == approval_decisions.c.refund_id
-                )
+                sa.select(
+                    approval_decisions.c.decision, approval_decisions.c.decided_at, approval_requests.c.requested_at
+                ).join(approval_requests, approval_requests.c.refund_id == approval_decisions.c.refund_id)
             ).all()
+            open_requests = (
+                sa.select(sa.func.count()).select_from(undecided).where(approval_decisions.c.refund_id.is_(None))
+            )
+            escalated = conn.execute(open_requests.where(approval_requests.c.escalated_at.is_not(None))).scalar_one()
+            overdue = conn.execute(open_requests.where(approval_requests.c.expires_at < now)).scalar_one()
         outcomes = CounterMetricFamily(
             "refund_agent_refunds", "Refunds that reached an outcome, by outcome.", labels=["outcome"]
         )
@@ -105,15 +109,26 @@ class ClusterCollector(Collector):
             "Refunds parked waiting for a person's decision.",
             value=by_status.get(PARKED, 0),
         )
+        yield GaugeMetricFamily(
+            "refund_agent_parked_approvals_escalated",
+            "Parked refunds whose approvers were reminded (escalated) and that are still undecided.",
+            value=escalated,
+        )
+        yield GaugeMetricFamily(
+            "refund_agent_approval_deadlines_overdue",
+            "Undecided approval requests past their deadline that no deadline workflow has closed yet.",
+            value=overdue,
+        )
         yield self._approval_waits(waits)
         depth = GaugeMetricFamily(
-            "refund_agent_queue_depth", "Workflows on the refunds queue, by DBOS status.", labels=["queue", "status"]
+            "refund_agent_queue_depth", "Workflows on a queue, by queue and DBOS status.", labels=["queue", "status"]
         )
-        for status in ("ENQUEUED", "PENDING"):
-            found = self.client.list_queued_workflows(
-                queue_name=self.queue, status=status, load_input=False, load_output=False
-            )
-            depth.add_metric([self.queue, status], len(found))
+        for queue in self.queues:
+            for status in ("ENQUEUED", "PENDING"):
+                found = self.client.list_queued_workflows(
+                    queue_name=queue, status=status, load_input=False, load_output=False
+                )
+                depth.add_metric([queue, status], len(found))
         yield depth
 
     @staticmethod
@@ -144,10 +159,10 @@ class ClusterCollector(Collector):
         return family
 
 
-def api_registry(app_engine: sa.Engine, client: Any, queue: str) -> CollectorRegistry:
+def api_registry(app_engine: sa.Engine, client: Any, queues: Sequence[str]) -> CollectorRegistry:
     """What the API's ``/metrics`` serves: cluster state plus this process's counters."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ClusterCollector(app_engine, client, queue))
+    registry.register(ClusterCollector(app_engine, client, queues))
     registry.register(_ProcessCollector())
     install_process_metrics()
     return registry

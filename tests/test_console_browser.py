@@ -94,10 +94,13 @@ def test_operator_signs_in_approves_a_pending_refund_and_watches_it_complete(
     provider_refund = env.sandbox.refunds("ch_ord_1002")
     assert len(provider_refund) == 1
     expect(page.locator("#provider-refund")).to_have_text(provider_refund[0]["id"])
-    timeline = page.locator("section.execution").first
+    deciding = page.locator(f'section.execution[data-workflow="{refund_id}"]')
+    expect(deciding).to_contain_text("refund_agent__model.request")
+    expect(deciding).to_contain_text("refunds.open_approval")
+    timeline = page.locator(f'section.execution[data-workflow="{refund_id}/settle"]')
     expect(timeline).to_contain_text("payments.issue_refund")
-    expect(timeline).to_contain_text("refund_agent__model.request")
-    assert timeline.locator(".bar").count() >= 8
+    assert deciding.locator(".bar").count() + timeline.locator(".bar").count() >= 8
+    expect(page.locator(f'section.execution[data-workflow="{refund_id}/deadline"]')).to_contain_text("Waiting: due")
     expect(page.locator("#chain")).to_contain_text("chain intact")
     expect(page.locator("#audit")).to_contain_text("approval_decided")
     page.screenshot(path=ARTIFACTS / f"refund-{env.backend}.png", full_page=True)

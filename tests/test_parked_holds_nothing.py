@@ -73,3 +73,42 @@ def test_start_up_objects_stay_out_of_full_collections_until_the_runtime_stops(e
     finally:
         runtime.stop()
     assert gc.get_freeze_count() == 0  # a stopped runtime's objects are ordinary garbage again
+
+
+@pytest.mark.parametrize("env", ["sqlite"], indirect=True)
+def test_metrics_count_parked_escalated_and_overdue_approvals(env: Env) -> None:
+    from prometheus_client import generate_latest
+
+    from agent import metrics
+    from steps.store import approval_requests
+    from tests.test_scale import metric
+
+    rt = runtime.start(env.settings(approval_escalate_after_seconds=0.5, approval_timeout_seconds=3600.0))
+    seed(app_db().engine)
+    client: DBOSClient = runtime.client(rt.settings)
+    registry = metrics.api_registry(app_db().engine, client, runtime.QUEUES)
+    try:
+        for refund_id in ("observed-0", "observed-1"):
+            request = RefundRequest(order_id="ord_1002", message="Everything arrived broken.")
+            submit_refund(client, idempotency_key=refund_id, request=request)
+            _parked(client, refund_id)
+
+        def scraped() -> str:
+            return generate_latest(registry).decode()
+
+        wait_for(
+            lambda: metric(scraped(), "refund_agent_parked_approvals_escalated") == 2, timeout=60, what="reminders"
+        )
+        assert metric(scraped(), "refund_agent_parked_approvals") == 2
+        assert metric(scraped(), "refund_agent_approval_deadlines_overdue") == 0
+        with app_db().engine.begin() as conn:  # as if the deadline workflow lagged behind its deadline
+            conn.execute(
+                approval_requests.update()
+                .where(approval_requests.c.refund_id == "observed-0")
+                .values(expires_at=datetime(2020, 1, 1))
+            )
+        assert metric(scraped(), "refund_agent_approval_deadlines_overdue") == 1
+        assert metric(scraped(), 'refund_agent_queue_depth{queue="approvals",status="PENDING"}') == 0
+    finally:
+        client.destroy()
+        runtime.stop()

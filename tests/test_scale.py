@@ -192,7 +192,7 @@ def test_survivors_racing_to_recover_one_dead_executor_run_every_step_once(
         final = cluster.wait_done(in_flight)
         assert {w.executor_id for w in final.values()} <= {"survivor-1", "survivor-2"}
         assert_paid_once_each(env, cluster, dict.fromkeys(in_flight, "ord_1001"))
-        registry = metrics.api_registry(app_db().engine, cluster.client, runtime.REFUND_QUEUE)
+        registry = metrics.api_registry(app_db().engine, cluster.client, runtime.QUEUES)
         assert metric(generate_latest(registry).decode(), 'refund_agent_refunds_total{outcome="completed"}') == 6
     finally:
         runtime.stop()

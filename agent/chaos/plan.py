@@ -181,8 +181,9 @@ def make_plan(
 ) -> Plan:
     """The whole run, from the seed: same seed and sizes, same plan.
 
-    At most ``max_unanswered`` approval requests are left unanswered: each one holds a worker's queue
-    slot for as long as it waits (see the README's chaos section), so many of them starve the queue.
+    At most ``max_unanswered`` approval requests are left unanswered; the others get an answer. An
+    unanswered one holds nothing while it waits (its workflow has ended), so the bound only sets how many
+    refunds the verdict expects to find still parked at the end.
     """
     limits = limits or Limits()
     rng = random.Random(seed)

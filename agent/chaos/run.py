@@ -45,7 +45,7 @@ class ChaosConfig:
     pg_restart: str | None = None
     """``VERSION/CLUSTER`` of the local cluster behind ``postgres_url``: restart it once, mid-run."""
     max_unanswered: int = 2
-    """Approval requests deliberately left unanswered (each holds a queue slot while it waits)."""
+    """Approval requests deliberately left unanswered (they stay parked: rows, no running workflow)."""
     max_seconds: float = 900.0
     settle_seconds: float = 180.0
     work_dir: Path = field(default_factory=lambda: Path(".refund-agent/chaos"))

@@ -17,7 +17,7 @@ from steps.store import app_db, approval_decisions, approval_requests, customers
 
 PAGE_SIZE = 20
 STATUSES = ("received", "deciding", "awaiting_approval", "paying", "completed", "rejected", "failed", "cancelled")
-ACTIVE = ("ENQUEUED", "PENDING", "DELAYED")
+ACTIVE = ("ENQUEUED", "PENDING")  # running or about to; a DELAYED timer is waiting, not running
 _WITH_CUSTOMER = refunds.outerjoin(orders, orders.c.order_id == refunds.c.order_id).outerjoin(
     customers, customers.c.customer_id == orders.c.customer_id
 )
@@ -162,6 +162,9 @@ def _execution(client: DBOSClient, wf: WorkflowStatus) -> dict[str, Any]:
         if wf.created_at
         else None,
         "active": wf.status in ACTIVE,
+        "due_at": datetime.fromtimestamp(wf.delay_until_epoch_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+        if wf.status == "DELAYED" and wf.delay_until_epoch_ms
+        else None,
         "total_ms": round(total) if ends else None,
         "steps": steps,
     }

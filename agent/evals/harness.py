@@ -75,13 +75,13 @@ class CaseOutcome(BaseModel):
 def throwaway_store(data: DatasetFile, *, now: datetime | None = None) -> Iterator[str]:
     """A fresh SQLite application database holding every case's customers and orders, opened for the tools.
 
-    The tools read through the DBOS datasource; outside a DBOS workflow its transactions run as plain
-    transactions and record no checkpoint, so DBOS is never launched.
+    Opened without a DBOS datasource: the tools' steps run as plain reads and transactions, record no
+    checkpoint, and DBOS is never launched.
     """
     now = now or datetime.now(UTC)
     tmp = Path(tempfile.mkdtemp(prefix="refund-eval-"))
     try:
-        db = open_app_database(f"sqlite:///{tmp / 'app.sqlite'}", durable=True)
+        db = open_app_database(f"sqlite:///{tmp / 'app.sqlite'}")
         metadata.create_all(db.engine)
         specs = {o.id: o for c in data.cases for o in c.orders}
         with db.engine.begin() as conn:
