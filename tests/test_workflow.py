@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
@@ -280,3 +281,33 @@ def test_order_refunded_by_hand_while_waiting_is_not_paid_again(env: Env, client
     outcome = result(client, refund_id)
     assert outcome["status"] == "rejected" and "re-check before paying" in outcome["detail"]
     assert env.sandbox.refunds("ch_ord_1002") == []
+
+
+def test_status_shows_one_refund_across_its_workflows(env: Env, client: DBOSClient) -> None:
+    refund_id = submit(client, "key-status-0001", "ord_1002", "Everything arrived broken.")
+    parked(client, refund_id)
+    waiting = refund_status(client, refund_id)
+    assert waiting is not None and waiting["status"] == "awaiting_approval"
+    approval = waiting["approval"]
+    assert approval["requested"]["amount"] == "4200.00" and approval["decision"] is None
+    assert approval["deadline"]["status"] == "DELAYED" and approval["deadline"]["due_at"]
+    assert approval["escalation"]["status"] == "DELAYED"
+    due, expires = (
+        datetime.fromisoformat(v) for v in (approval["deadline"]["due_at"], approval["requested"]["expires_at"])
+    )
+    assert abs((due - expires).total_seconds()) < 5  # the deadline workflow is due when the request expires
+    assert [w["workflow_id"] for w in waiting["workflows"]] == [
+        refund_id,
+        f"{refund_id}/deadline",
+        f"{refund_id}/escalate",
+    ]
+    approvals.decide_pending(decide_here, refund_id=refund_id, decision="approve", approver="dana")
+    assert result(client, refund_id)["status"] == "completed"
+    done = refund_status(client, refund_id)
+    assert done is not None and done["status"] == "completed" and done["outcome"]["status"] == "completed"
+    assert done["approval"]["requested"] is None and done["approval"]["decision"] == "approve"
+    steps = {(s["workflow"], s["name"]) for s in done["steps"]}
+    assert (refund_id, "refunds.open_approval") in steps
+    assert (f"{refund_id}/decision", "refunds.record_decision") in steps
+    assert (f"{refund_id}/settle", "payments.issue_refund") in steps
+    assert done["executor_id"] == "test-executor"
