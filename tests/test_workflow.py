@@ -311,3 +311,31 @@ def test_status_shows_one_refund_across_its_workflows(env: Env, client: DBOSClie
     assert (f"{refund_id}/decision", "refunds.record_decision") in steps
     assert (f"{refund_id}/settle", "payments.issue_refund") in steps
     assert done["executor_id"] == "test-executor"
+
+
+def test_a_refund_decided_before_its_reminder_gets_no_reminder_and_its_deadline_changes_nothing(env: Env) -> None:
+    rt = runtime.start(env.settings(approval_escalate_after_seconds=1.0, approval_timeout_seconds=2.0))
+    seed(app_db().engine)
+    client = runtime.client(rt.settings)
+    try:
+        refund_id = submit(client, "key-early-0001", "ord_1002")
+        parked(client, refund_id)
+        approvals.decide_pending(decide_here, refund_id=refund_id, decision="approve", approver="dana")
+        assert result(client, refund_id)["status"] == "completed"
+        timers = [f"{refund_id}/escalate", f"{refund_id}/deadline"]
+
+        def both_ran() -> bool:
+            found = client.list_workflows(workflow_ids=timers, load_input=False)
+            return len(found) == 2 and all(w.status == "SUCCESS" for w in found)
+
+        wait_for(both_ran, timeout=60, what="the reminder and the deadline to come due")
+        outputs = {w.workflow_id: w.output for w in client.list_workflows(workflow_ids=timers, load_input=False)}
+        assert outputs == {timers[0]: False, timers[1]: None}  # no reminder; the deadline found a decision
+        with app_db().engine.connect() as conn:
+            keys = [r.message_key for r in conn.execute(sa.select(outbox).where(outbox.c.refund_id == refund_id))]
+        assert f"{refund_id}:approvers:escalation" not in keys
+        assert refund_status(client, refund_id)["status"] == "completed"  # type: ignore[index]
+        assert len(env.sandbox.refunds("ch_ord_1002")) == 1
+    finally:
+        client.destroy()
+        runtime.stop()
