@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -148,11 +150,21 @@ def test_decision_for_another_amount_is_refused(env: Env, client: DBOSClient) ->
     assert env.sandbox.refunds("ch_ord_1002") == []
 
 
-def test_no_decision_escalates_then_expires_and_late_decision_is_refused(env: Env) -> None:
-    rt = runtime.start(env.settings(approval_escalate_after_seconds=0.5, approval_timeout_seconds=2.0))
+@contextmanager
+def running(env: Env, **overrides: Any) -> Iterator[DBOSClient]:
+    """DBOS launched in this process with these settings, the demo orders seeded, and a client."""
+    rt = runtime.start(env.settings(**overrides))
     seed(app_db().engine)
     client = runtime.client(rt.settings)
     try:
+        yield client
+    finally:
+        client.destroy()
+        runtime.stop()
+
+
+def test_no_decision_escalates_then_expires_and_late_decision_is_refused(env: Env) -> None:
+    with running(env, approval_escalate_after_seconds=0.5, approval_timeout_seconds=2.0) as client:
         refund_id = submit(client, "key-expire-001", "ord_1002")
         request = parked(client, refund_id)
         outcome = result(client, refund_id)
@@ -171,9 +183,6 @@ def test_no_decision_escalates_then_expires_and_late_decision_is_refused(env: En
             kinds = [r.message_key for r in conn.execute(sa.select(outbox).where(outbox.c.refund_id == refund_id))]
         assert f"{refund_id}:approvers:escalation" in kinds
         assert env.sandbox.refunds("ch_ord_1002") == []
-    finally:
-        client.destroy()
-        runtime.stop()
 
 
 INJECTIONS = [
@@ -314,10 +323,7 @@ def test_status_shows_one_refund_across_its_workflows(env: Env, client: DBOSClie
 
 
 def test_a_refund_decided_before_its_reminder_gets_no_reminder_and_its_deadline_changes_nothing(env: Env) -> None:
-    rt = runtime.start(env.settings(approval_escalate_after_seconds=1.0, approval_timeout_seconds=2.0))
-    seed(app_db().engine)
-    client = runtime.client(rt.settings)
-    try:
+    with running(env, approval_escalate_after_seconds=1.0, approval_timeout_seconds=2.0) as client:
         refund_id = submit(client, "key-early-0001", "ord_1002")
         parked(client, refund_id)
         approvals.decide_pending(decide_here, refund_id=refund_id, decision="approve", approver="dana")
@@ -336,6 +342,3 @@ def test_a_refund_decided_before_its_reminder_gets_no_reminder_and_its_deadline_
         assert f"{refund_id}:approvers:escalation" not in keys
         assert refund_status(client, refund_id)["status"] == "completed"  # type: ignore[index]
         assert len(env.sandbox.refunds("ch_ord_1002")) == 1
-    finally:
-        client.destroy()
-        runtime.stop()
