@@ -48,6 +48,7 @@ class CaseOutcome(BaseModel):
     """What happened on one case; ``amount`` is what would be paid (0 unless the verdict pays)."""
 
     order_id: str
+    """The order the verdict was reached on (read by the run's own tools, not copied from the case)."""
     stage: Stage
     verdict: VerdictSeen
     amount: Decimal
@@ -174,7 +175,8 @@ class CaseRunner:
         snapshot = deps.snapshot if deps.snapshot is not None else load_order_step(request.order_id)
         verdict = policy_verdict(proposal, snapshot, self.limits)  # exactly as the workflow does
         outcome = CaseOutcome(
-            order_id=order.id,
+            # The order policy judged, as the agent's step read it: what the verdict would pay, whatever the case says.
+            order_id=snapshot.order.order_id if snapshot is not None else request.order_id,
             stage="decided",
             verdict=verdict.kind,
             amount=verdict.amount if verdict.kind != "refuse" else Decimal(0),
