@@ -6,6 +6,7 @@ import asyncio
 import json
 import re
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from agent.brain import AgentDeps
 from agent.domain import RefundProposal
 from agent.evals.__main__ import main
 from agent.evals.cases import EvalCase, load_dataset_file
-from agent.evals.evaluators import violations
+from agent.evals.evaluators import refundable, violations
 from agent.evals.harness import CaseOutcome, CaseRunner, throwaway_store
 from agent.evals.results import Baseline, RunResult, gate
 from agent.evals.run import Run, evaluate
@@ -46,6 +47,19 @@ def test_dataset_covers_every_kind_of_request_the_issue_names() -> None:
     assert all(n >= 3 for n in categories.values()), categories
     assert {c.expected.verdict for c in data.cases} == {"auto_approve", "needs_approval", "refuse"}
     assert {o.currency for c in data.cases for o in c.orders} >= {"USD", "EUR", "GBP", "JPY", "CHF"}
+
+
+def test_the_evaluators_window_is_policys_and_the_dataset_covers_its_last_day() -> None:
+    data, _ = load_dataset_file()
+    window = data.limits.window_days
+    days = {o.days for c in data.cases for o in c.orders}
+    assert {window - 2, window, window + 1} <= days
+    now = datetime(2026, 11, 1, tzinfo=UTC)
+    for case in data.cases:
+        order = case.order.order(now)
+        for later in (timedelta(0), timedelta(seconds=5), timedelta(hours=23, minutes=59)):  # the run's clock moves on
+            rule = policy.refundable(order, now + later, window)
+            assert refundable(case, data.limits) == rule, (case.name, later)
 
 
 def test_offline_model_has_no_policy_violations_and_meets_its_recorded_baseline() -> None:

@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from agent.policy import Limits, decide, refundable
+from agent.policy import Limits, blockers, days_since_payment, decide, refundable, within_window
 from steps.records import Order
 
 NOW = datetime(2026, 11, 1, tzinfo=UTC)
@@ -106,3 +106,36 @@ def test_refundable_is_zero_when_disputed_or_out_of_window() -> None:
 def test_refused_verdict_says_why() -> None:
     verdict = decide(amount=Decimal("10.00"), currency="USD", order=order(status="disputed"), as_of=NOW, limits=LIMITS)
     assert "disputed" in verdict.summary
+
+
+@pytest.mark.parametrize(
+    ("since_payment", "inside"),
+    [
+        (timedelta(0), True),
+        (timedelta(days=59, hours=23), True),
+        (timedelta(days=60), True),
+        (timedelta(days=60, hours=23, minutes=59, seconds=59), True),
+        (timedelta(days=61), False),
+        (timedelta(days=61, seconds=1), False),
+        (timedelta(days=200), False),
+    ],
+    ids=str,
+)
+def test_the_window_runs_through_the_whole_of_its_last_day(since_payment: timedelta, inside: bool) -> None:
+    paid = order().model_copy(update={"paid_at": NOW - since_payment})
+    verdict = decide(amount=Decimal("10.00"), currency="USD", order=paid, as_of=NOW, limits=LIMITS)
+    assert within_window(days_since_payment(NOW - since_payment, NOW), 60) is inside
+    assert verdict.kind == ("auto_approve" if inside else "refuse"), verdict.reasons
+    assert refundable(paid, NOW, 60) == (Decimal("500.00") if inside else 0)
+    assert blockers(paid, NOW, 60) == ([] if inside else ["the order is outside the 60-day refund window"])
+
+
+def test_days_since_payment_counts_whole_days() -> None:
+    assert days_since_payment(NOW - timedelta(days=60, hours=23), NOW) == 60
+    assert days_since_payment(NOW - timedelta(hours=23), NOW) == 0
+    assert (within_window(60, 60), within_window(61, 60), within_window(0, 0), within_window(1, 0)) == (
+        True,
+        False,
+        True,
+        False,
+    )
