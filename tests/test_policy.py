@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -100,6 +101,7 @@ def test_policy_table(description: str, kwargs: dict[str, str], amount: str, cur
 
 def test_refundable_is_zero_when_disputed_or_out_of_window() -> None:
     assert refundable(order(status="disputed"), NOW, 60) == 0
+    assert refundable(order(status="unpaid"), NOW, 60) == 0
     assert refundable(order(days=90), NOW, 60) == 0
     assert refundable(order(refunded="120.00"), NOW, 60) == Decimal("380.00")
 
@@ -150,6 +152,13 @@ REFUSALS = [
     ("fully refunded", {"refunded": "500.00"}, "1.00", "USD", ["the order is already fully refunded"]),
     ("refunded beyond capture", {"refunded": "510.00"}, "1.00", "USD", ["the order is already fully refunded"]),
     ("wrong currency", {}, "10.00", "EUR", ["currency EUR does not match the order's USD"]),
+    (
+        "wrong currency, the other way",
+        {"currency": "EUR"},
+        "10.00",
+        "USD",
+        ["currency USD does not match the order's EUR"],
+    ),
     ("nothing proposed", {}, "0", "USD", ["no refund amount was proposed"]),
     ("negative", {}, "-5.00", "USD", ["no refund amount was proposed"]),
     ("sub-cent", {}, "10.001", "USD", ["amount 10.001 is not a whole number of USD minor units"]),
@@ -207,3 +216,8 @@ def test_a_verdict_carries_the_amount_currency_and_what_was_refundable() -> None
         amount=Decimal("15000"), currency="JPY", order=order(currency="JPY", captured="20000"), as_of=NOW, limits=LIMITS
     )
     assert (paid.kind, paid.refundable, paid.reasons) == ("auto_approve", Decimal("20000"), ())
+
+
+def test_limits_cannot_be_changed_once_built() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        LIMITS.auto_approve = Decimal("1000000")  # type: ignore[misc]
