@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -107,3 +108,9 @@ def test_a_token_that_is_not_two_base64_parts_is_malformed(token: str) -> None:
 )
 def test_a_genuinely_signed_token_with_malformed_claims_is_refused(body: bytes) -> None:
     _refused(_signed(body), "invalid", "malformed approval token")
+
+
+def test_verified_claims_cannot_be_altered() -> None:
+    claims = verify(sign(CLAIMS, SECRET), SECRET, now=BEFORE)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        claims.amount = Decimal("1000000.00")  # type: ignore[misc]
