@@ -3,18 +3,25 @@ never retries, and when it reconciles by metadata instead of trusting the provid
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
 import pytest
 import stripe
 from dbos import DBOS
+from fastapi import FastAPI
 
 from agent import runtime
 from steps import payments
 from steps.records import ProviderRefund
-from tests.conftest import API_KEY, Env
+from tests.conftest import API_KEY, Env, SandboxServer
 
 #: Durable name of the test-only workflow that runs the step as the refund workflow does.
 PAY_WORKFLOW = "tests.pay_with_the_payment_step"
@@ -106,3 +113,70 @@ def test_the_step_reconciles_once_its_first_attempt_is_within_the_margin_of_the_
     assert (looked_up.replayed, looked_up.reconciled) == (False, True)
     assert trusted.provider_refund_id == looked_up.provider_refund_id == first.provider_refund_id
     assert creates(env) == 2  # the reconciled attempt created nothing
+
+
+def test_a_key_another_request_holds_in_flight_is_retried_until_it_is_free(
+    env: Env, service: runtime.Runtime, tmp_path: Path
+) -> None:
+    """The provider answers 409 while another request with the key is in flight; the step waits and retries."""
+    server = SandboxServer(f"sqlite:///{tmp_path}/inflight.sqlite", in_flight_timeout_seconds=0.5)
+    try:
+        payments.configure(payments.PaymentsConfig(server.base_url, API_KEY, key_ttl_seconds=86400))
+        key = payments.idempotency_key("step-in-flight-0001", "ord_1001")
+        ledger = cast(FastAPI, server.server.config.app).state.ledger  # a request that holds the key, in flight
+        ledger.claim_key(key, "another request", now=time.time(), ttl_seconds=86400, stale_after_seconds=0.5)
+        paid = pay("step-in-flight-0001")
+        assert server.stats()["create_requests"] == 2
+        assert [r["id"] for r in server.refunds("ch_ord_1001")] == [paid.provider_refund_id]
+    finally:
+        server.close()
+
+
+class DropsFirstConnection:
+    """A loopback front for the sandbox that closes its first connection unanswered (a network blip), then relays."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.dropped = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            if self.dropped == 0:
+                self.dropped += 1
+                conn.close()
+                continue
+            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            for src, dst in ((conn, upstream), (upstream, conn)):
+                threading.Thread(target=self._relay, args=(src, dst), daemon=True).start()
+
+    @staticmethod
+    def _relay(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+
+@pytest.fixture
+def blip(env: Env) -> Iterator[DropsFirstConnection]:
+    front = DropsFirstConnection(env.sandbox.port)
+    yield front
+    front.listener.close()
+
+
+def test_a_dropped_connection_is_retried_by_the_step_and_pays_once(
+    env: Env, service: runtime.Runtime, blip: DropsFirstConnection
+) -> None:
+    payments.configure(payments.PaymentsConfig(f"http://127.0.0.1:{blip.port}", API_KEY, key_ttl_seconds=86400))
+    paid = pay("step-blip-0001")
+    assert blip.dropped == 1
+    assert creates(env) == 1
+    assert [r["id"] for r in env.sandbox.refunds("ch_ord_1001")] == [paid.provider_refund_id]
