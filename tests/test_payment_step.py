@@ -180,3 +180,16 @@ def test_a_dropped_connection_is_retried_by_the_step_and_pays_once(
     assert blip.dropped == 1
     assert creates(env) == 1
     assert [r["id"] for r in env.sandbox.refunds("ch_ord_1001")] == [paid.provider_refund_id]
+
+
+def test_reconciling_finds_this_requests_refund_among_the_others_on_the_charge(
+    env: Env, service: runtime.Runtime
+) -> None:
+    """Several refund requests on one order share its charge; the lookup by metadata matches the key exactly."""
+    payments.configure(payments.PaymentsConfig(env.sandbox.base_url, API_KEY, key_ttl_seconds=3600))
+    ours = pay("step-many-m")
+    others = {pay(refund_id).provider_refund_id for refund_id in ("step-many-a", "step-many-z")}  # newer ones
+    again = pay("step-many-m", first_attempt_at=datetime.now(UTC) - timedelta(hours=2))
+    assert again.reconciled and again.provider_refund_id == ours.provider_refund_id
+    assert again.provider_refund_id not in others
+    assert creates(env) == 3
