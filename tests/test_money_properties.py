@@ -1,7 +1,9 @@
 """Money invariants as properties: whatever the requests, decisions and crashes, no order is over-refunded
 and no refund request pays twice.
 
-Two layers. The policy layer runs hundreds of generated sequences through ``agent.policy`` in memory.
+Two layers. The policy layer, in memory: refunds decided on an order, then re-checked by ``agent.policy``
+on the order as the payment step reads it after a wait (refunded by hand, disputed, out of the window by
+then), hundreds of generated cases.
 The service layer generates a schedule (refund requests on a few orders, several on the same order,
 approvals and rejections, a worker armed to die at a crash point, a SIGKILL after the k-th submission)
 and plays it against a real worker process on real SQLite with the real payments sandbox, then checks
@@ -191,7 +193,7 @@ def test_refunds_decided_together_and_paid_one_by_one_never_break_the_money_rule
     assert settle(order, refunds) == []
 
 
-def test_paying_on_the_decision_alone_would_over_refund() -> None:
+def test_paying_on_the_decision_alone_would_break_the_money_rules() -> None:
     """The property above can fail: without the re-check on the payment-time order it finds a broken rule."""
     order, refunds = find(
         st.tuples(orders(), waiting),
