@@ -132,14 +132,21 @@ def test_a_key_another_request_holds_in_flight_is_retried_until_it_is_free(
         server.close()
 
 
-class DropsFirstConnection:
-    """A loopback front for the sandbox that closes its first connection unanswered (a network blip), then relays."""
+UNAVAILABLE = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: 58\r\n"
+    b'Connection: close\r\n\r\n{"error": {"type": "api_error", "message": "unavailable"}}'
+)
 
-    def __init__(self, upstream_port: int) -> None:
-        self.upstream_port = upstream_port
+
+class FlakyFront:
+    """A loopback front for the sandbox whose first connection fails (closed unanswered, a network blip, or
+    answered 503 by a gateway), then relays every later one to the sandbox."""
+
+    def __init__(self, upstream_port: int, first: str) -> None:
+        self.upstream_port, self.first = upstream_port, first
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
-        self.dropped = 0
+        self.failed = 0
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
@@ -148,8 +155,12 @@ class DropsFirstConnection:
                 conn, _ = self.listener.accept()
             except OSError:
                 return
-            if self.dropped == 0:
-                self.dropped += 1
+            if self.failed == 0:
+                self.failed += 1
+                if self.first == "503":
+                    with contextlib.suppress(OSError):
+                        conn.recv(65536)
+                        conn.sendall(UNAVAILABLE)
                 conn.close()
                 continue
             upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
@@ -165,19 +176,19 @@ class DropsFirstConnection:
             dst.shutdown(socket.SHUT_WR)
 
 
-@pytest.fixture
-def blip(env: Env) -> Iterator[DropsFirstConnection]:
-    front = DropsFirstConnection(env.sandbox.port)
+@pytest.fixture(params=["drop", "503"])
+def flaky(env: Env, request: pytest.FixtureRequest) -> Iterator[FlakyFront]:
+    front = FlakyFront(env.sandbox.port, first=request.param)
     yield front
     front.listener.close()
 
 
-def test_a_dropped_connection_is_retried_by_the_step_and_pays_once(
-    env: Env, service: runtime.Runtime, blip: DropsFirstConnection
+def test_a_dropped_connection_or_an_unavailable_gateway_is_retried_by_the_step_and_pays_once(
+    env: Env, service: runtime.Runtime, flaky: FlakyFront
 ) -> None:
-    payments.configure(payments.PaymentsConfig(f"http://127.0.0.1:{blip.port}", API_KEY, key_ttl_seconds=86400))
-    paid = pay("step-blip-0001")
-    assert blip.dropped == 1
+    payments.configure(payments.PaymentsConfig(f"http://127.0.0.1:{flaky.port}", API_KEY, key_ttl_seconds=86400))
+    paid = pay("step-flaky-0001")
+    assert flaky.failed == 1
     assert creates(env) == 1
     assert [r["id"] for r in env.sandbox.refunds("ch_ord_1001")] == [paid.provider_refund_id]
 
