@@ -3,7 +3,7 @@
 # steps/payments.py and agent/tokens.py one change at a time and runs each module's fast tests (SQLite only)
 # against every mutant. cosmic-ray edits the files it mutates, so it works on a scratch copy of the tree.
 #   pip install -e '.[dev,mutation]'
-#   bash tests/mutation/run.sh                 # all three (about an hour on 2 cores)
+#   bash tests/mutation/run.sh                 # all three (about 40 minutes on 2 cores)
 #   bash tests/mutation/run.sh tokens policy   # some of them
 # Sessions and reports land in test-artifacts/mutation/; docs/mutation-testing.md explains the survivors.
 set -euo pipefail
