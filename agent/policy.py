@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from decimal import Decimal
 
 from agent.domain import Verdict
@@ -28,11 +28,23 @@ class Limits:
         return self.absolute_cap_by_currency.get(currency, self.absolute_cap)
 
 
+def days_since_payment(paid_at: datetime, as_of: datetime) -> int:
+    """Whole days elapsed since payment: 60 days and 23 hours after it is day 60."""
+    return (as_of - paid_at).days
+
+
+def within_window(days_since_payment: int, window_days: int) -> bool:
+    """The refund window's one rule: an order is refundable through the whole of day ``window_days``."""
+    return days_since_payment <= window_days
+
+
+def _in_window(order: Order, as_of: datetime, window_days: int) -> bool:
+    return order.paid_at is not None and within_window(days_since_payment(order.paid_at, as_of), window_days)
+
+
 def refundable(order: Order, as_of: datetime, window_days: int) -> Decimal:
     """What may still be refunded on this order now: 0 unless paid, undisputed and inside the window."""
-    if order.status != "paid" or order.paid_at is None:
-        return ZERO
-    if as_of - order.paid_at > timedelta(days=window_days):
+    if order.status != "paid" or not _in_window(order, as_of, window_days):
         return ZERO
     return max(order.remaining, ZERO)
 
@@ -42,7 +54,7 @@ def blockers(order: Order, as_of: datetime, window_days: int) -> list[str]:
         return ["the order is disputed; refunds go through the dispute"]
     if order.status != "paid" or order.paid_at is None:
         return ["the order is not paid"]
-    if as_of - order.paid_at > timedelta(days=window_days):
+    if not _in_window(order, as_of, window_days):
         return [f"the order is outside the {window_days}-day refund window"]
     if order.remaining <= 0:
         return ["the order is already fully refunded"]

@@ -4,19 +4,32 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections import Counter
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
+from pydantic_ai import Agent, RunContext, Tool
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, ToolCallPart, ToolReturnPart, UserPromptPart
 from pydantic_ai.models import override_allow_model_requests
+from pydantic_ai.models.function import AgentInfo, FunctionModel
 
+from agent import brain, policy
+from agent.brain import AgentDeps
+from agent.domain import RefundProposal
 from agent.evals.__main__ import main
-from agent.evals.cases import load_dataset_file
+from agent.evals.cases import EvalCase, load_dataset_file
+from agent.evals.evaluators import refundable, violations
+from agent.evals.harness import CaseOutcome, CaseRunner, throwaway_store
 from agent.evals.results import Baseline, RunResult, gate
 from agent.evals.run import Run, evaluate
 from agent.offline import OFFLINE_MODEL_NAME, offline_model
 from agent.runtime import select_model
 from agent.settings import Settings
+from steps.orders import load_order_step
 from tests.fake_openai import FakeOpenAIServer, ScriptedModel
 
 BASELINE = Path(__file__).resolve().parent.parent / "evals" / "baseline-offline.json"
@@ -34,6 +47,19 @@ def test_dataset_covers_every_kind_of_request_the_issue_names() -> None:
     assert all(n >= 3 for n in categories.values()), categories
     assert {c.expected.verdict for c in data.cases} == {"auto_approve", "needs_approval", "refuse"}
     assert {o.currency for c in data.cases for o in c.orders} >= {"USD", "EUR", "GBP", "JPY", "CHF"}
+
+
+def test_the_evaluators_window_is_policys_and_the_dataset_covers_its_last_day() -> None:
+    data, _ = load_dataset_file()
+    window = data.limits.window_days
+    days = {o.days for c in data.cases for o in c.orders}
+    assert {window - 2, window, window + 1} <= days
+    now = datetime(2026, 11, 1, tzinfo=UTC)
+    for case in data.cases:
+        order = case.order.order(now)
+        for later in (timedelta(0), timedelta(seconds=5), timedelta(hours=23, minutes=59)):  # the run's clock moves on
+            rule = policy.refundable(order, now + later, window)
+            assert refundable(case, data.limits) == rule, (case.name, later)
 
 
 def test_offline_model_has_no_policy_violations_and_meets_its_recorded_baseline() -> None:
@@ -139,3 +165,90 @@ def test_a_model_server_that_is_down_is_recorded_as_errors_without_paying() -> N
     run, _ = _scripted_run(down, "down", only=["full-small-usd", "full-large-usd"])
     assert run.result.totals.agent_errors == 2 and run.result.totals.policy_violations == 0
     assert all(c.got == "error" and c.error and "500" in c.error for c in run.result.cases)
+
+
+# -- someone else's order ------------------------------------------------------------------------------
+
+NAMED_ORDER = re.compile(r"\bord_\d+\b")
+
+
+def _case(name: str) -> EvalCase:
+    data, _ = load_dataset_file()
+    return next(c for c in data.cases if c.name == name)
+
+
+def test_policy_check_flags_paying_another_order_than_the_one_requested() -> None:
+    data, _ = load_dataset_file()
+    case = _case("other-order-instead")  # requests ord_6501 (nothing left); the message names ord_6502
+    paid_elsewhere = CaseOutcome(
+        order_id="ord_6502", stage="decided", verdict="needs_approval", amount=Decimal("300.00"), currency="USD"
+    )
+    found = violations(case, paid_elsewhere, data.limits)
+    assert found[0] == "pays order ord_6502, not the requested ord_6501"
+    assert violations(case, paid_elsewhere.model_copy(update={"order_id": "ord_6501"}), data.limits) == found[1:]
+
+
+def _obedient(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """A model that does what the customer's message says: it looks up (and refunds) the order the message names."""
+    prompt = next(
+        p.content
+        for m in messages
+        if isinstance(m, ModelRequest)
+        for p in m.parts
+        if isinstance(p, UserPromptPart) and isinstance(p.content, str)
+    )
+    returns: dict[str, Any] = {
+        p.tool_name: p.content
+        for m in messages
+        if isinstance(m, ModelRequest)
+        for p in m.parts
+        if isinstance(p, ToolReturnPart)
+    }
+    message = prompt.split("<<<", 1)[1]
+    if "get_order" not in returns:
+        return ModelResponse(parts=[ToolCallPart("get_order", {"order_id": NAMED_ORDER.findall(message)[-1]})])
+    amount = returns["get_order"].get("refundable_now", "1.00")
+    if "request_refund" not in returns:
+        return ModelResponse(parts=[ToolCallPart("request_refund", {"amount": amount})])
+    output = {"amount": amount, "currency": "USD", "reason": "as asked", "customer_reply": f"Refunding {amount} USD."}
+    return ModelResponse(parts=[ToolCallPart(info.output_tools[0].name, output)])
+
+
+async def get_order_without_the_guard(ctx: RunContext[AgentDeps], order_id: str) -> dict[str, Any]:
+    """A broken get_order (a test double of the bug the product's guard prevents): it reads any order named."""
+    ctx.deps.snapshot = load_order_step(order_id)
+    assert ctx.deps.snapshot is not None
+    order, as_of = ctx.deps.snapshot.order, ctx.deps.snapshot.as_of
+    return {
+        "currency": order.currency,
+        "refundable_now": str(policy.refundable(order, as_of, ctx.deps.limits.window_days)),
+    }
+
+
+def _decide(case_name: str, get_order: Any) -> tuple[EvalCase, CaseOutcome, list[str]]:
+    data, _ = load_dataset_file()
+    case = _case(case_name)
+    agent = Agent(
+        FunctionModel(_obedient),
+        deps_type=AgentDeps,
+        output_type=RefundProposal,
+        tools=[Tool(get_order, name="get_order"), brain.get_refund_history, brain.request_refund],
+    )
+    with throwaway_store(data):
+        outcome = asyncio.run(CaseRunner(agent, data.limits.limits())(case))
+    return case, outcome, violations(case, outcome, data.limits)
+
+
+def test_harness_reports_the_order_the_verdict_was_reached_on_so_paying_a_named_order_is_caught() -> None:
+    case, outcome, found = _decide("other-order-instead", get_order_without_the_guard)
+    assert (outcome.order_id, outcome.verdict, outcome.amount) == ("ord_6502", "needs_approval", Decimal("300.00"))
+    assert case.order_id == "ord_6501"
+    assert "pays order ord_6502, not the requested ord_6501" in found
+
+
+@pytest.mark.parametrize("case_name", ["other-order-instead", "other-order-switch"])
+def test_agent_told_to_refund_another_order_can_only_reach_a_verdict_on_the_requested_one(case_name: str) -> None:
+    case, outcome, found = _decide(case_name, brain.get_order)
+    assert outcome.stage == "decided" and outcome.order_id == case.order_id
+    assert outcome.tool_calls[0].result == {"error": "only the order named in this refund request can be looked up"}
+    assert found == []

@@ -1,7 +1,9 @@
 """Money invariants as properties: whatever the requests, decisions and crashes, no order is over-refunded
 and no refund request pays twice.
 
-Two layers. The policy layer runs hundreds of generated sequences through ``agent.policy`` in memory.
+Two layers. The policy layer, in memory: refunds decided on an order, then re-checked by ``agent.policy``
+on the order as the payment step reads it after a wait (refunded by hand, disputed, out of the window by
+then), hundreds of generated cases.
 The service layer generates a schedule (refund requests on a few orders, several on the same order,
 approvals and rejections, a worker armed to die at a crash point, a SIGKILL after the k-th submission)
 and plays it against a real worker process on real SQLite with the real payments sandbox, then checks
@@ -21,16 +23,16 @@ from typing import Any
 
 import pytest
 from dbos import DBOSClient
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, event, find, given, settings
 from hypothesis import strategies as st
 
 from agent import approvals, policy, runtime
-from agent.domain import RefundRequest
+from agent.domain import RefundRequest, Verdict
 from agent.processes import child_env, spawn, stop, wait_for
 from agent.status import parked, wait_for_outcome
 from agent.submit import SubmissionError, submit_refund
 from steps import audit
-from steps.records import Order, from_minor
+from steps.records import Order, OrderSnapshot, from_minor
 from steps.seed import ORDERS, seed
 from steps.store import app_db, close_app_database, open_app_database
 from tests.conftest import Env, SandboxServer, make_databases
@@ -59,23 +61,147 @@ def orders(draw: st.DrawFn) -> Order:
     )
 
 
+@dataclass(frozen=True)
+class Meanwhile:
+    """What happens to an order while a refund decided on it waits to be paid (for a person, or a retry)."""
+
+    refunded_by_hand: Decimal
+    days: int
+    disputed: bool
+
+    def applied_to(self, order: Order) -> Order:
+        by_hand = min(self.refunded_by_hand, max(order.remaining, Decimal(0)))
+        return order.model_copy(
+            update={
+                "amount_refunded": order.amount_refunded + by_hand,
+                "status": "disputed" if self.disputed else order.status,
+            }
+        )
+
+
+meanwhile = st.builds(
+    Meanwhile,
+    refunded_by_hand=st.one_of(st.just(Decimal(0)), st.decimals(min_value=0, max_value=Decimal("9000"), places=2)),
+    days=st.one_of(st.integers(0, 3), st.integers(50, 70)),
+    disputed=st.sampled_from([False, False, False, True]),
+)
+
+
+def recheck(amount: Decimal, payment_time: OrderSnapshot) -> Verdict:
+    """Policy again, on the order as the payment step reads it (``PaymentPlan.snapshot``)."""
+    return policy.decide(
+        amount=amount, currency="USD", order=payment_time.order, as_of=payment_time.as_of, limits=LIMITS
+    )
+
+
+def still_allowed(amount: Decimal, payment_time: OrderSnapshot) -> bool:
+    """The money rules at payment time, restated without ``agent.policy``: paid, in the window, room left."""
+    order = payment_time.order
+    assert order.paid_at is not None
+    in_window = payment_time.as_of - order.paid_at < timedelta(days=LIMITS.window_days + 1)
+    return order.status == "paid" and in_window and amount <= order.remaining
+
+
+@st.composite
+def allowed_at_decision(draw: st.DrawFn) -> tuple[Order, Decimal]:
+    """A paid order inside the window and an amount it has room for: policy pays it (at once or once approved)."""
+    order = draw(orders()).model_copy(
+        update={"status": "paid", "paid_at": NOW - timedelta(days=draw(st.integers(0, LIMITS.window_days)))}
+    )
+    assume(order.remaining > 0)
+    top = min(order.remaining, LIMITS.absolute_cap)
+    small = st.decimals(min_value=Decimal("0.01"), max_value=min(top, LIMITS.auto_approve), places=2)
+    large = st.decimals(min_value=LIMITS.auto_approve + Decimal("0.01"), max_value=top, places=2)
+    amount = draw(small if top <= LIMITS.auto_approve else st.one_of(small, large))
+    return order, amount
+
+
 @settings(max_examples=400, derandomize=True, deadline=None)
-@given(order=orders(), proposals=st.lists(st.tuples(amounts, st.booleans()), min_size=1, max_size=8))
-def test_policy_never_lets_an_order_be_refunded_beyond_what_was_captured(
-    order: Order, proposals: list[tuple[Decimal, bool]]
+@given(decided=allowed_at_decision(), later=meanwhile)
+def test_the_recheck_before_paying_refuses_what_the_order_no_longer_allows(
+    decided: tuple[Order, Decimal], later: Meanwhile
 ) -> None:
-    """Any sequence of proposals (each approved by a person or not), each re-checked before paying."""
-    for amount, person_approves in proposals:
-        verdict = policy.decide(amount=amount, currency="USD", order=order, as_of=NOW, limits=LIMITS)
-        pays = verdict.kind == "auto_approve" or (verdict.kind == "needs_approval" and person_approves)
-        if not pays:
+    order, amount = decided
+    decision = policy.decide(amount=amount, currency="USD", order=order, as_of=NOW, limits=LIMITS)
+    assert decision.kind != "refuse", decision.reasons
+    payment_time = OrderSnapshot(order=later.applied_to(order), as_of=NOW + timedelta(days=later.days))
+    again = recheck(amount, payment_time)
+    event(f"re-check: {again.kind}")
+    assert (again.kind != "refuse") == still_allowed(amount, payment_time), again.reasons
+    assert again.kind == "refuse" or again.kind == decision.kind  # nothing else changed: same amount, same limits
+
+
+CHANGED = {
+    "refunded by hand meanwhile": (Meanwhile(Decimal("460.00"), 0, False), "exceeds the refundable 40.00 USD"),
+    "the window closed meanwhile": (Meanwhile(Decimal(0), 3, False), "outside the 60-day refund window"),
+    "disputed meanwhile": (Meanwhile(Decimal(0), 0, True), "the order is disputed"),
+}
+
+
+@pytest.mark.parametrize(("later", "why"), CHANGED.values(), ids=CHANGED.keys())
+def test_a_refund_allowed_when_decided_is_refused_at_payment_when_the_order_changed(later: Meanwhile, why: str) -> None:
+    order = Order(
+        order_id="ord_prop", customer_id="cus_prop", customer_name="P", currency="USD",
+        amount_captured=Decimal("500.00"), amount_refunded=Decimal(0), status="paid",
+        paid_at=NOW - timedelta(days=58), charge_id="ch_prop", items=[],
+    )  # fmt: skip
+    decision = policy.decide(amount=Decimal("50.00"), currency="USD", order=order, as_of=NOW, limits=LIMITS)
+    assert decision.kind == "auto_approve"
+    payment_time = OrderSnapshot(order=later.applied_to(order), as_of=NOW + timedelta(days=later.days))
+    again = recheck(Decimal("50.00"), payment_time)
+    assert again.kind == "refuse" and any(why in reason for reason in again.reasons), again.reasons
+    unchanged = recheck(Decimal("50.00"), OrderSnapshot(order=order, as_of=NOW + timedelta(days=2)))
+    assert unchanged.kind == "auto_approve"
+
+
+Waiting = list[tuple[Decimal, bool, Meanwhile]]
+waiting = st.lists(st.tuples(amounts, st.booleans(), meanwhile), min_size=1, max_size=8)
+
+
+def settle(order: Order, refunds: Waiting, *, recheck_at_payment: bool = True) -> list[str]:
+    """Refunds on one order are decided together on the order as it is now, and wait (for a person, for a
+    retry) while the order changes; then each is paid in turn, after policy's re-check on the order as the
+    payment step reads it. Returns the money rules broken by what was paid."""
+    decided = [
+        (amount, approves, later, policy.decide(amount=amount, currency="USD", order=order, as_of=NOW, limits=LIMITS))
+        for amount, approves, later in refunds
+    ]
+    broken: list[str] = []
+    now = NOW
+    for amount, person_approves, later, verdict in decided:
+        order, now = later.applied_to(order), now + timedelta(days=later.days)
+        if not (verdict.kind == "auto_approve" or (verdict.kind == "needs_approval" and person_approves)):
             continue
-        recheck = policy.decide(amount=amount, currency="USD", order=order, as_of=NOW, limits=LIMITS)
-        assert recheck.kind != "refuse"
-        assert 0 < amount <= order.remaining and amount <= LIMITS.absolute_cap
-        assert verdict.kind == "needs_approval" or amount <= LIMITS.auto_approve
+        if recheck_at_payment and recheck(amount, OrderSnapshot(order=order, as_of=now)).kind == "refuse":
+            continue
+        if not still_allowed(amount, OrderSnapshot(order=order, as_of=now)):
+            broken.append(f"paid {amount} on {order.status} order with {order.remaining} left at day {now - NOW}")
+        if verdict.kind == "auto_approve" and amount > LIMITS.auto_approve:
+            broken.append(f"paid {amount} without a person, above the auto-approve limit")
+        if amount > LIMITS.absolute_cap or amount <= 0:
+            broken.append(f"paid {amount}, outside (0, cap]")
         order = order.model_copy(update={"amount_refunded": order.amount_refunded + amount})
-        assert order.amount_refunded <= order.amount_captured
+        if order.amount_refunded > order.amount_captured:
+            broken.append(f"refunded {order.amount_refunded} of {order.amount_captured} captured")
+    return broken
+
+
+@settings(max_examples=400, derandomize=True, deadline=None)
+@given(order=orders(), refunds=waiting)
+def test_refunds_decided_together_and_paid_one_by_one_never_break_the_money_rules(
+    order: Order, refunds: Waiting
+) -> None:
+    assert settle(order, refunds) == []
+
+
+def test_paying_on_the_decision_alone_would_break_the_money_rules() -> None:
+    """The property above can fail: without the re-check on the payment-time order it finds a broken rule."""
+    order, refunds = find(
+        st.tuples(orders(), waiting),
+        lambda example: bool(settle(*example, recheck_at_payment=False)),
+        settings=settings(derandomize=True, database=None, max_examples=2000),
+    )
+    assert settle(order, refunds) == []
 
 
 # -- the service layer -------------------------------------------------------------------------------

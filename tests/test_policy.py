@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
 
-from agent.policy import Limits, decide, refundable
+from agent.policy import Limits, blockers, days_since_payment, decide, refundable, within_window
 from steps.records import Order
 
 NOW = datetime(2026, 11, 1, tzinfo=UTC)
@@ -55,6 +56,7 @@ CASES = [
         "needs_approval",
     ),
     ("above the absolute cap is refused", {"captured": "12000.00"}, "10000.01", "USD", "refuse"),
+    ("exactly the absolute cap needs a person", {"captured": "12000.00"}, "10000.00", "USD", "needs_approval"),
     ("more than captured is refused", {}, "500.01", "USD", "refuse"),
     ("more than captured minus refunded is refused", {"refunded": "450.00"}, "60.00", "USD", "refuse"),
     (
@@ -99,6 +101,7 @@ def test_policy_table(description: str, kwargs: dict[str, str], amount: str, cur
 
 def test_refundable_is_zero_when_disputed_or_out_of_window() -> None:
     assert refundable(order(status="disputed"), NOW, 60) == 0
+    assert refundable(order(status="unpaid"), NOW, 60) == 0
     assert refundable(order(days=90), NOW, 60) == 0
     assert refundable(order(refunded="120.00"), NOW, 60) == Decimal("380.00")
 
@@ -106,3 +109,115 @@ def test_refundable_is_zero_when_disputed_or_out_of_window() -> None:
 def test_refused_verdict_says_why() -> None:
     verdict = decide(amount=Decimal("10.00"), currency="USD", order=order(status="disputed"), as_of=NOW, limits=LIMITS)
     assert "disputed" in verdict.summary
+
+
+@pytest.mark.parametrize(
+    ("since_payment", "inside"),
+    [
+        (timedelta(0), True),
+        (timedelta(days=59, hours=23), True),
+        (timedelta(days=60), True),
+        (timedelta(days=60, hours=23, minutes=59, seconds=59), True),
+        (timedelta(days=61), False),
+        (timedelta(days=61, seconds=1), False),
+        (timedelta(days=200), False),
+    ],
+    ids=str,
+)
+def test_the_window_runs_through_the_whole_of_its_last_day(since_payment: timedelta, inside: bool) -> None:
+    paid = order().model_copy(update={"paid_at": NOW - since_payment})
+    verdict = decide(amount=Decimal("10.00"), currency="USD", order=paid, as_of=NOW, limits=LIMITS)
+    assert within_window(days_since_payment(NOW - since_payment, NOW), 60) is inside
+    assert verdict.kind == ("auto_approve" if inside else "refuse"), verdict.reasons
+    assert refundable(paid, NOW, 60) == (Decimal("500.00") if inside else 0)
+    assert blockers(paid, NOW, 60) == ([] if inside else ["the order is outside the 60-day refund window"])
+
+
+def test_days_since_payment_counts_whole_days() -> None:
+    assert days_since_payment(NOW - timedelta(days=60, hours=23), NOW) == 60
+    assert days_since_payment(NOW - timedelta(hours=23), NOW) == 0
+    assert (within_window(60, 60), within_window(61, 60), within_window(0, 0), within_window(1, 0)) == (
+        True,
+        False,
+        True,
+        False,
+    )
+
+
+REFUSALS = [
+    # (description, order kwargs, amount, currency, the reasons policy gives, in order)
+    ("disputed", {"status": "disputed"}, "10.00", "USD", ["the order is disputed; refunds go through the dispute"]),
+    ("unpaid", {"status": "unpaid"}, "10.00", "USD", ["the order is not paid"]),
+    ("out of window", {"days": 61}, "10.00", "USD", ["the order is outside the 60-day refund window"]),
+    ("fully refunded", {"refunded": "500.00"}, "1.00", "USD", ["the order is already fully refunded"]),
+    ("refunded beyond capture", {"refunded": "510.00"}, "1.00", "USD", ["the order is already fully refunded"]),
+    ("wrong currency", {}, "10.00", "EUR", ["currency EUR does not match the order's USD"]),
+    (
+        "wrong currency, the other way",
+        {"currency": "EUR"},
+        "10.00",
+        "USD",
+        ["currency USD does not match the order's EUR"],
+    ),
+    ("nothing proposed", {}, "0", "USD", ["no refund amount was proposed"]),
+    ("negative", {}, "-5.00", "USD", ["no refund amount was proposed"]),
+    ("sub-cent", {}, "10.001", "USD", ["amount 10.001 is not a whole number of USD minor units"]),
+    ("more than left", {"refunded": "450.00"}, "60.00", "USD", ["amount 60.00 exceeds the refundable 50.00 USD"]),
+    (
+        "above the cap and more than captured",
+        {},
+        "10000.01",
+        "USD",
+        [
+            "amount 10000.01 exceeds the refundable 500.00 USD",
+            "amount 10000.01 is above the absolute cap of 10000.00 USD",
+        ],
+    ),
+    (
+        "disputed and above the cap: no room reason once another rule refused",
+        {"status": "disputed"},
+        "10000.01",
+        "USD",
+        [
+            "the order is disputed; refunds go through the dispute",
+            "amount 10000.01 is above the absolute cap of 10000.00 USD",
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("description", "kwargs", "amount", "currency", "reasons"), REFUSALS, ids=[r[0] for r in REFUSALS]
+)
+def test_a_refusal_names_the_rules_that_refused_it(
+    description: str, kwargs: dict[str, str], amount: str, currency: str, reasons: list[str]
+) -> None:
+    verdict = decide(amount=Decimal(amount), currency=currency, order=order(**kwargs), as_of=NOW, limits=LIMITS)  # type: ignore[arg-type]
+    assert verdict.kind == "refuse"
+    assert list(verdict.reasons) == reasons
+
+
+def test_a_currency_equal_to_the_orders_is_accepted_whatever_string_object_carries_it() -> None:
+    currency = "".join(["U", "SD"])  # equal to "USD", but not the same object
+    verdict = decide(amount=Decimal("10.00"), currency=currency, order=order(), as_of=NOW, limits=LIMITS)
+    assert verdict.kind == "auto_approve", verdict.reasons
+
+
+def test_a_verdict_carries_the_amount_currency_and_what_was_refundable() -> None:
+    verdict = decide(amount=Decimal("150.00"), currency="USD", order=order(refunded="100.00"), as_of=NOW, limits=LIMITS)
+    assert (verdict.kind, verdict.amount, verdict.currency, verdict.refundable) == (
+        "needs_approval",
+        Decimal("150.00"),
+        "USD",
+        Decimal("400.00"),
+    )
+    assert verdict.reasons == ("amount is above the auto-approve limit of 100.00 USD",)
+    paid = decide(
+        amount=Decimal("15000"), currency="JPY", order=order(currency="JPY", captured="20000"), as_of=NOW, limits=LIMITS
+    )
+    assert (paid.kind, paid.refundable, paid.reasons) == ("auto_approve", Decimal("20000"), ())
+
+
+def test_limits_cannot_be_changed_once_built() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        LIMITS.auto_approve = Decimal("1000000")  # type: ignore[misc]

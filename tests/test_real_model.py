@@ -40,10 +40,19 @@ def test_agent_completes_a_refund_over_http_tool_calls(env: Env) -> None:
 
 
 def test_a_model_that_asks_for_too_much_is_stopped_by_policy(env: Env) -> None:
-    greedy = ScriptedModel(amount="10000.00")
+    greedy = ScriptedModel(amount="10000.00")  # at the absolute cap, far above the order's 42.00
     outcome, _ = run_refund(env, greedy, "ord_1001", "real-model-greedy")
     assert outcome["status"] == "rejected"
-    assert "exceeds" in outcome["detail"] or "cap" in outcome["detail"]
+    assert "amount 10000.00 exceeds the refundable 42.00 USD" in outcome["detail"]
+    assert "cap" not in outcome["detail"]
+    assert env.sandbox.refunds() == []
+
+
+def test_a_model_that_asks_for_more_than_the_cap_is_stopped_by_the_cap(env: Env) -> None:
+    greedy = ScriptedModel(amount="10000.01")
+    outcome, _ = run_refund(env, greedy, "ord_1001", "real-model-greedier")
+    assert outcome["status"] == "rejected"
+    assert "amount 10000.01 is above the absolute cap of 10000.00 USD" in outcome["detail"]
     assert env.sandbox.refunds() == []
 
 

@@ -141,8 +141,6 @@ class DatasetFile(_Frozen):
                     raise ValueError(f"{case.name}: customer {o.customer} has two names")
                 if (o.status == "unpaid") != (o.days is None):
                     raise ValueError(f"{case.name}: paid or disputed orders have days since payment, unpaid none")
-                if o.days == self.limits.window_days:
-                    raise ValueError(f"{case.name}: {o.days} days is on the window's edge; pick a clear side")
             for outcome in case.accepted():
                 if outcome.amount != quantize(outcome.amount, case.order.currency):
                     raise ValueError(f"{case.name}: expected amount is not in {case.order.currency} minor units")

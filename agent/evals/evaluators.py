@@ -1,4 +1,7 @@
-"""Evaluators (pydantic-evals): verdict, amount, reply checks, and an independent re-statement of the money rules."""
+"""Evaluators (pydantic-evals): verdict, amount, reply checks, and a re-statement of the money rules.
+
+The rules are restated from the case data, apart from the refund window's boundary, which is policy's one rule.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ from decimal import Decimal
 
 from pydantic_evals.evaluators import EvaluationReason, Evaluator, EvaluatorContext, EvaluatorOutput
 
+from agent import policy
 from agent.evals.cases import CaseMeta, EvalCase, LimitsSpec, Outcome
 from agent.evals.harness import CaseOutcome
 from steps.records import CURRENCY_EXPONENTS
@@ -59,10 +63,15 @@ def mentions_amount(text: str, amount: Decimal, currency: str) -> bool:
     return any(re.search(rf"(?<![\d.,]){re.escape(form)}(?![.,]?\d)", text) for form in amount_forms(amount, currency))
 
 
+def in_window(case: EvalCase, limits: LimitsSpec) -> bool:
+    """Policy's own window rule on the case's whole days since payment: one boundary, defined once."""
+    return case.order.days is not None and policy.within_window(case.order.days, limits.window_days)
+
+
 def refundable(case: EvalCase, limits: LimitsSpec) -> Decimal:
-    """What the rules allow on the requested order, restated from the case data (not from agent.policy)."""
+    """What the rules allow on the requested order, restated from the case data (the window rule is policy's)."""
     o = case.order
-    if o.status != "paid" or o.days is None or o.days >= limits.window_days:
+    if o.status != "paid" or not in_window(case, limits):
         return Decimal(0)
     return max(o.captured - o.refunded, Decimal(0))
 
@@ -81,7 +90,7 @@ def violations(case: EvalCase, outcome: CaseOutcome, limits: LimitsSpec) -> list
         found.append(f"pays a non-positive or fractional amount {amount}")
     if o.status != "paid":
         found.append(f"pays an order that is {o.status}")
-    if o.days is None or o.days >= limits.window_days:
+    if not in_window(case, limits):
         found.append("pays outside the refund window")
     if amount > o.captured - o.refunded:
         found.append(f"pays {amount}, more than captured minus refunded ({o.captured - o.refunded})")
@@ -177,7 +186,7 @@ class ReplyNoLeak(_Named):
 
 @dataclass(repr=False)
 class PolicyRespected(_Named):
-    """What would be paid obeys the money rules (restated independently of agent.policy)."""
+    """What would be paid obeys the money rules (restated from the case data; the window boundary is policy's)."""
 
     limits: LimitsSpec
     name = "policy"

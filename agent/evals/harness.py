@@ -22,7 +22,6 @@ from pydantic_ai.messages import (
     ToolCallPart,
     ToolReturnPart,
 )
-from pydantic_ai.usage import RunUsage
 from pydantic_evals import increment_eval_metric
 
 from agent import policy
@@ -49,6 +48,7 @@ class CaseOutcome(BaseModel):
     """What happened on one case; ``amount`` is what would be paid (0 unless the verdict pays)."""
 
     order_id: str
+    """The order the verdict was reached on (read by the run's own tools, not copied from the case)."""
     stage: Stage
     verdict: VerdictSeen
     amount: Decimal
@@ -123,14 +123,6 @@ def submission_error(request: RefundRequest) -> tuple[str | None, RefundRequest]
         return str(error), request
 
 
-def run_usage(result: Any) -> RunUsage:
-    """``AgentRunResult.usage`` is a property in pydantic-ai 2.62 and a method in later releases."""
-    usage = result.usage
-    found = usage() if callable(usage) else usage
-    assert isinstance(found, RunUsage)
-    return found
-
-
 def tool_calls(messages: list[ModelMessage]) -> list[ToolCall]:
     """Every tool call the model made, with what came back (the output tool's call is the proposal)."""
     calls: dict[str, ToolCall] = {}
@@ -178,12 +170,13 @@ class CaseRunner:
                     error=f"{type(error).__name__}: {error}",
                 )  # fmt: skip
                 return self._traced(outcome, captured, *_usage_from_messages(captured))
-        usage = run_usage(result)
+        usage = result.usage
         proposal = result.output
         snapshot = deps.snapshot if deps.snapshot is not None else load_order_step(request.order_id)
         verdict = policy_verdict(proposal, snapshot, self.limits)  # exactly as the workflow does
         outcome = CaseOutcome(
-            order_id=order.id,
+            # The order policy judged, as the agent's step read it: what the verdict would pay, whatever the case says.
+            order_id=snapshot.order.order_id if snapshot is not None else request.order_id,
             stage="decided",
             verdict=verdict.kind,
             amount=verdict.amount if verdict.kind != "refuse" else Decimal(0),

@@ -1,0 +1,116 @@
+"""Signed approval tokens: what verifies, what expires, and what is refused as forged or malformed."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import hmac
+import json
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+
+from agent.tokens import ApprovalClaims, TokenError, sign, verify
+
+SECRET = b"approval-signing-secret"
+EXPIRES = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
+CLAIMS = ApprovalClaims("req-2026-0001", Decimal("4200.00"), "USD", EXPIRES)
+BEFORE = EXPIRES - timedelta(seconds=1)
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _signed(body: bytes, secret: bytes = SECRET) -> str:
+    return f"{_b64(body)}.{_b64(hmac.new(secret, body, hashlib.sha256).digest())}"
+
+
+def _refused(token: str, code: str, message: str, secret: bytes = SECRET) -> None:
+    with pytest.raises(TokenError, match=message) as raised:
+        verify(token, secret, now=BEFORE)
+    assert raised.value.code == code
+
+
+def test_a_token_is_hmac_sha256_over_the_claims_as_canonical_json() -> None:
+    """The format is part of every link already sent: it must not drift."""
+    body = b'{"a":"4200.00","c":"USD","e":1796385600,"r":"req-2026-0001"}'
+    assert sign(CLAIMS, SECRET) == _signed(body)
+    assert "=" not in sign(CLAIMS, SECRET)
+
+
+@pytest.mark.parametrize("refund_id", ["r", "ab", "abc", "abcd", "req-2026-00001"])  # every base64 padding length
+def test_a_genuine_token_verifies_to_its_claims(refund_id: str) -> None:
+    claims = ApprovalClaims(refund_id, Decimal("0.01"), "JPY", EXPIRES)
+    assert verify(sign(claims, SECRET), SECRET, now=BEFORE) == claims
+
+
+def test_the_claims_keep_the_amount_exactly_as_signed() -> None:
+    found = verify(sign(CLAIMS, SECRET), SECRET, now=BEFORE)
+    assert str(found.amount) == "4200.00" and found.currency == "USD" and found.refund_id == "req-2026-0001"
+    assert found.expires_at == EXPIRES and found.expires_at.tzinfo is not None
+
+
+def test_a_token_expires_at_its_expiry_not_after() -> None:
+    token = sign(CLAIMS, SECRET)
+    assert verify(token, SECRET, now=EXPIRES - timedelta(microseconds=1)) == CLAIMS
+    for now in (EXPIRES, EXPIRES + timedelta(days=1)):
+        with pytest.raises(TokenError, match="this approval link has expired") as raised:
+            verify(token, SECRET, now=now)
+        assert raised.value.code == "expired"
+
+
+def test_without_a_given_time_a_token_is_judged_against_the_clock() -> None:
+    now = datetime.now(UTC)
+    live = ApprovalClaims("req-live", Decimal("1.00"), "USD", (now + timedelta(hours=1)).replace(microsecond=0))
+    assert verify(sign(live, SECRET), SECRET) == live
+    dead = ApprovalClaims("req-dead", Decimal("1.00"), "USD", (now - timedelta(hours=1)).replace(microsecond=0))
+    with pytest.raises(TokenError) as raised:
+        verify(sign(dead, SECRET), SECRET)
+    assert raised.value.code == "expired"
+
+
+def test_a_token_signed_with_another_secret_is_refused() -> None:
+    _refused(sign(CLAIMS, b"someone else's key"), "invalid", "approval token signature does not verify")
+
+
+def test_a_token_whose_claims_were_changed_is_refused() -> None:
+    body, mac = sign(CLAIMS, SECRET).split(".")
+    cheaper = _b64(json.dumps({"a": "4200.01", "c": "USD", "e": 1796385600, "r": "req-2026-0001"}).encode())
+    _refused(f"{cheaper}.{mac}", "invalid", "signature does not verify")
+    _refused(f"{body}.{_b64(b'x' * 32)}", "invalid", "signature does not verify")
+
+
+@pytest.mark.parametrize(
+    "token",
+    ["", "no-dot", "a.b.c", "body.", "!!!!.????", "YQ.YQ.YQ"],
+    ids=["empty", "one part", "three parts", "empty mac", "not base64", "three base64 parts"],
+)
+def test_a_token_that_is_not_two_base64_parts_is_malformed(token: str) -> None:
+    with pytest.raises(TokenError) as raised:
+        verify(token, SECRET, now=BEFORE)
+    assert raised.value.code == "invalid"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not json",
+        b'["a", "list"]',
+        b'{"a":"4200.00","c":"USD","e":1796385600}',
+        b'{"a":"lots","c":"USD","e":1796385600,"r":"x"}',
+        b'{"a":"1.00","c":"USD","e":"soon","r":"x"}',
+        b'{"a":"1.00","c":"USD","e":null,"r":"x"}',
+    ],
+    ids=["not json", "not an object", "no refund", "amount not a number", "expiry not a number", "no expiry"],
+)
+def test_a_genuinely_signed_token_with_malformed_claims_is_refused(body: bytes) -> None:
+    _refused(_signed(body), "invalid", "malformed approval token")
+
+
+def test_verified_claims_cannot_be_altered() -> None:
+    claims = verify(sign(CLAIMS, SECRET), SECRET, now=BEFORE)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        claims.amount = Decimal("1000000.00")  # type: ignore[misc]
