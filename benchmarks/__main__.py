@@ -44,7 +44,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--parked", help="counts of parked refunds, one run each (default 0,1000,10000; quick 0,20)")
     p.add_argument("--parked-chunk", type=int, help="refunds per throughput chunk (default 500; quick 10)")
     p.add_argument("--restarts", type=int, help="SIGKILL + restart cycles per count (default 5; quick 2)")
-    p.add_argument("--idle-seconds", type=float, help="idle CPU window (default 30; quick 5)")
+    p.add_argument("--idle-seconds", type=float, help="idle window of each restarted worker, s (default 30; quick 3)")
     p.add_argument("--approvals", type=int, help="approvals per decision path in the parked section (default 60)")
     p.add_argument("--approval-rate", type=float, default=3.0, help="approvals per second (default 3)")
     p.add_argument("--wakes", type=int, help="wakes per arm of the wake-latency comparison (default 30; quick 4)")
@@ -76,7 +76,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.parked = [int(x) for x in (args.parked or ("0,20" if q else "0,1000,10000")).split(",") if x]
     args.parked_chunk = args.parked_chunk or (10 if q else 500)
     args.restarts = args.restarts or (2 if q else 5)
-    args.idle_seconds = args.idle_seconds or (5.0 if q else 30.0)
+    args.idle_seconds = args.idle_seconds or (3.0 if q else 30.0)
     args.approvals = args.approvals or (3 if q else 60)
     if args.wakes is None:
         args.wakes = 4 if q else 30

@@ -11,8 +11,8 @@ For each count N (0, 1,000 and 10,000 in the full run), on fresh databases, with
 2. Restarts: R times, SIGKILL the worker and start a new one with the same executor id. Counted: the
    PENDING workflows at restart (what DBOS would recover); timed: the new process from spawn until
    ``runtime.start`` returned, and an auto-approved refund submitted as soon as it is ready.
-3. Idle: on the last new worker, with nothing running, the CPU time of the worker (psutil) and of the
-   Postgres backends connected to the run's databases over a fixed window, and the worker's RSS.
+3. Idle: each new worker, once its refund is done and it has nothing to do, over a fixed window: its
+   CPU time (psutil) and that of the Postgres backends connected to the run's databases; its RSS.
 4. Approvals (N > 0): K parked refunds approved at a steady rate, first inside the worker through the
    API's path (``decide_pending`` with ``decide_here``), then from this process through the CLI's path
    (``decide_pending`` with ``decider_via_queue``); latency from the call to the end of the refund's
@@ -105,9 +105,10 @@ def _throughput(client: DBOSClient, store: Store, worker: Worker, n: int, chunk:
 
 
 def _restart(
-    worker: Worker, store: Store, client: DBOSClient, env: dict[str, str], log: Path, key: str
+    worker: Worker, store: Store, client: DBOSClient, env: dict[str, str], log: Path, key: str, idle: Any
 ) -> tuple[Worker, dict[str, Any]]:
-    """SIGKILL ``worker``, start a new one with the same executor id, probe it with one auto-approved refund."""
+    """SIGKILL ``worker``, start a new one with the same executor id, probe it with one auto-approved refund,
+    then let ``idle(worker)`` measure it at rest."""
     pending_before = store.count_status("PENDING")
     killed = worker.kill()
     sample: dict[str, Any] = {
@@ -120,8 +121,7 @@ def _restart(
     ready = new.wait_ready()
     sample.update(spawn_to_ready_s=ready - new.spawned_at, kill_to_ready_s=ready - killed)
     sample["new_refund_s"] = probe_auto(client, store, key)
-    time.sleep(1.0)
-    sample["rss_mb"] = new.rss_mb()  # a new worker that has run one refund, whatever is parked
+    sample.update(idle(new))  # a new worker that has run one refund, whatever is parked
     return new, sample
 
 
@@ -148,22 +148,17 @@ def _cpu(processes: Sequence[psutil.Process]) -> dict[int, float]:
     return out
 
 
-def _idle(worker: Worker, server: str, dbs: Databases, seconds: float, windows: int = 3) -> dict[str, Any]:
-    """CPU of the worker and of the run's Postgres backends with nothing to do: ``windows`` back-to-back
-    windows of ``seconds / windows`` each (their spread is the noise the comparison is judged by)."""
-    time.sleep(2.0)  # the probe's connections settle
+def _idle(worker: Worker, server: str, dbs: Databases, seconds: float) -> dict[str, Any]:
+    """With nothing to do: the CPU of the worker and of the run's Postgres backends over ``seconds``, the RSS."""
+    time.sleep(3.0)  # the probe's connections and the new process settle
     backends = _postgres_backends(server, dbs)
-    worker_pct, postgres_pct = [], []
-    for _ in range(windows):
-        w0, b0, t0 = worker.cpu_seconds(), _cpu(backends), time.monotonic()
-        time.sleep(seconds / windows)
-        w1, b1, t1 = worker.cpu_seconds(), _cpu(backends), time.monotonic()
-        worker_pct.append((w1 - w0) / (t1 - t0) * 100)
-        postgres_pct.append(sum(b1[pid] - b0[pid] for pid in b1 if pid in b0) / (t1 - t0) * 100)
+    w0, b0, t0 = worker.cpu_seconds(), _cpu(backends), time.monotonic()
+    time.sleep(seconds)
+    w1, b1, t1 = worker.cpu_seconds(), _cpu(backends), time.monotonic()
     return {
-        "window_s": seconds,
-        "worker_cpu_pct": worker_pct,
-        "postgres_cpu_pct": postgres_pct,
+        "idle_s": t1 - t0,
+        "worker_cpu_pct": (w1 - w0) / (t1 - t0) * 100,
+        "postgres_cpu_pct": sum(b1[pid] - b0[pid] for pid in b1 if pid in b0) / (t1 - t0) * 100,
         "postgres_backends": len(backends),
         "rss_mb": worker.rss_mb(),
         "threads": worker.threads(),
@@ -252,17 +247,19 @@ def run_count(
                     out["throughput"] = _throughput(client, store, worker, n, chunk, timeout)
                     out["rss_after_parking_mb"] = worker.rss_mb()
                 samples = []
+
+                def idle(w: Worker) -> dict[str, Any]:
+                    return _idle(w, server, dbs, idle_seconds)
+
                 for r in range(restarts):
-                    worker, sample = _restart(worker, store, client, env, log, f"n{n}-restart-{r}")
+                    worker, sample = _restart(worker, store, client, env, log, f"n{n}-restart-{r}", idle)
                     samples.append(sample)
                 out["restarts"] = {
                     "samples": samples,
-                    "spawn_to_ready_s": harness.median([s["spawn_to_ready_s"] for s in samples]),
-                    "new_refund_s": harness.median([s["new_refund_s"] for s in samples if s["new_refund_s"]]),
                     "pending_at_restart": max(s["pending_at_restart"] for s in samples),
-                    "rss_mb": harness.median([s["rss_mb"] for s in samples]),
                 }
-                out["idle"] = _idle(worker, server, dbs, idle_seconds)
+                for key in ("spawn_to_ready_s", "new_refund_s", "rss_mb", "worker_cpu_pct", "postgres_cpu_pct"):
+                    out["restarts"][key] = harness.median([s[key] for s in samples if s[key] is not None])
                 if n and approvals_k:
                     out["approvals"] = _approvals(worker, store, client, n, min(approvals_k, n // 2), approval_rate)
                 if wakes:

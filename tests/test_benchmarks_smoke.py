@@ -71,11 +71,11 @@ def test_parked_section_parks_restarts_approves_and_expires(tmp_path: Path) -> N
         else:
             assert (chunk["rows"], chunk["deadlines"]) == ({"awaiting_approval": 3}, {"DELAYED": 3})
     assert throughput["status_parked_sample"] == [6, 6]
-    # A restart finds nothing to recover, and a new refund submitted then completes.
+    # A restart finds nothing to recover, a new refund submitted then completes, the idle worker is read.
     for run in runs.values():
         assert run["restarts"]["pending_at_restart"] == 0
         assert all(s["new_refund_s"] is not None for s in run["restarts"]["samples"])
-        assert len(run["idle"]["worker_cpu_pct"]) == 3
+        assert all(s["worker_cpu_pct"] >= 0 and s["rss_mb"] > 0 for s in run["restarts"]["samples"])
     for path in ("api", "cli"):
         approved = runs[6]["approvals"][path]
         assert (approved["approved"], approved["completed"], approved["errors"]) == (2, 2, [])
