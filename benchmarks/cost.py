@@ -37,8 +37,11 @@ LABELS = {
 }
 #: What the approval-path variants measure; results without it measured a workflow waiting in recv.
 APPROVAL_PATH = "park, decide, continue"
-#: The approval path's label in results from before a parked refund became rows (issue 16).
-RECV_LABEL = "DBOS, approval path (recv/send, before issue 16)"
+#: The approval paths' labels in results from before a parked refund became rows (issue 16).
+RECV_LABELS = {
+    "dbos_approval": "DBOS, approval path (recv/send, before issue 16)",
+    "langgraph_approval": "LangGraph, approval path (interrupt/resume, before issue 16)",
+}
 #: Settings for runs that use no queue, so that its poller adds no transactions.
 QUIET = {"queue_polling_interval_seconds": 30.0}
 #: Each group of variants runs in its own runtime; True: with the product's queue polling.

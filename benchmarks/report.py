@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import report_parked
-from benchmarks.cost import APPROVAL_PATH, LABELS, RECV_LABEL
+from benchmarks.cost import APPROVAL_PATH, LABELS, RECV_LABELS
 from benchmarks.harness import fmt
 
 README = Path(__file__).resolve().parent / "README.md"
@@ -19,7 +19,7 @@ def _met(ok: bool | None) -> str:
 
 
 def cost_tables(cost: dict[str, Any]) -> list[str]:
-    labels = LABELS if cost.get("approval_path") == APPROVAL_PATH else {**LABELS, "dbos_approval": RECV_LABEL}
+    labels = LABELS if cost.get("approval_path") == APPROVAL_PATH else {**LABELS, **RECV_LABELS}
     lines: list[str] = []
     for backend, s in cost["summary"].items():
         pg = backend == "postgres"
@@ -231,23 +231,17 @@ def markdown(results: dict[str, Any], json_name: str, png_names: list[str]) -> s
 def combined_markdown(documents: list[tuple[str, dict[str, Any]]], png_names: list[str]) -> str:
     """One block from several runs' results: each section from the last run that has it, except parked
     approvals, whose runs (one per count of parked refunds) are put together by count from every file
-    that measured the same design (the last file's design)."""
+    that measured the same design (the last file's design). Plots come from the files a section came from."""
     merged: dict[str, Any] = {}
     source: dict[str, set[str]] = {}
     for name, results in documents:
         for section in SECTIONS:
             if section not in results:
                 continue
-            same = "parked" in merged and report_parked.design(merged["parked"]) == report_parked.design(
-                results[section]
-            )
-            if section == "parked" and same:
+            if section == "parked" and "parked" in merged and _same_design(merged["parked"], results["parked"]):
                 by_count = {int(r["parked"]): r for r in [*merged["parked"]["runs"], *results["parked"]["runs"]]}
-                merged["parked"] = {
-                    **merged["parked"],
-                    **results["parked"],
-                    "runs": sorted(by_count.values(), key=lambda r: int(r["parked"])),
-                }
+                runs = sorted(by_count.values(), key=lambda r: int(r["parked"]))
+                merged["parked"] = {**merged["parked"], **results["parked"], "runs": runs}
                 source["parked"].add(name)
                 continue
             merged[section], source[section] = results[section], {name}
@@ -256,7 +250,17 @@ def combined_markdown(documents: list[tuple[str, dict[str, Any]]], png_names: li
         mine = [section for section in SECTIONS if name in source.get(section, set())]
         if mine:
             lines += [f"Sections {', '.join(mine)}: " + _run_line(results["meta"], name), ""]
-    return "\n".join(lines + _sections(merged, png_names))
+    stamps = {section: {_stamp(name) for name in names} for section, names in source.items()}
+    pngs = [n for n in png_names if n.split("-", 2)[2].removesuffix(".png") in stamps.get(n.split("-")[1], set())]
+    return "\n".join(lines + _sections(merged, pngs))
+
+
+def _same_design(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return report_parked.design(a) == report_parked.design(b)
+
+
+def _stamp(json_name: str) -> str:
+    return json_name.removeprefix("suite-").removesuffix(".json")
 
 
 def _sections(results: dict[str, Any], png_names: list[str]) -> list[str]:
