@@ -218,7 +218,8 @@ def _run_line(meta: dict[str, Any], json_name: str) -> str:
     env = meta["environment"]
     return (
         f"Run {meta['started']} to {meta['finished']} UTC, commit `{env['commit']}`, {env['cpus']} CPUs, "
-        f"load average {env['load_average']} at the end; command `{meta['command']}`; raw numbers in "
+        + (f"load average {env['load_average_at_start']} at the start, " if "load_average_at_start" in env else "")
+        + f"load average {env['load_average']} at the end; command `{meta['command']}`; raw numbers in "
         f"`results/{json_name}`."
     )
 

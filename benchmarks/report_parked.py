@@ -295,8 +295,10 @@ def plot(results: dict[str, Any], save: Any) -> str | None:
     ax.scatter([], [], color="tab:blue", s=14, label="new refund at restart, s")
     ax.scatter([], [], color="tab:orange", marker="s", s=20, label="spawn -> ready, s (median)")
     ax.set_xticks(list(range(len(runs))), [f"{r['parked']:,} parked" for r in runs])
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel("seconds")
     ax.set_title("SIGKILL + restart")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="center right")
     e = parked.get("expiry")
     ax = axes[1]
     if e and "error" not in e:
@@ -313,6 +315,7 @@ def plot(results: dict[str, Any], save: Any) -> str | None:
         )
         twin.set_ylabel("new refund: submit -> completed, ms")
         ax.set_title(f"{e['expiring']:,} deadlines due at once")
-        ax.legend(fontsize=7, loc="center right")
+        ax.set_ylabel("deadline workflows ended")
+        ax.legend(fontsize=7, loc="upper left")
         twin.legend(fontsize=7, loc="lower right")
     return str(save(fig, "parked"))
