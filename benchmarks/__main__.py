@@ -41,17 +41,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--levels", default="1,4,16,64", help="concurrency levels of the throughput section")
     p.add_argument("--throughput-refunds", type=int, help="refunds per cell: max(this, 2 x C) (default 24)")
-    p.add_argument("--parked", help="parked-approval counts, comma-separated (default 1000,10000; quick 100)")
-    p.add_argument("--parked-floor", help="counts at which the DBOS floor is parked too (default: all of --parked)")
-    p.add_argument("--polling-refunds", type=int, default=300, help="refunds parked per run of the polling knob")
-    p.add_argument("--polling-rounds", type=int, help="rounds of the queue polling knob (default 3, quick 1; 0: skip)")
-    p.add_argument("--approvals", type=int, help="approvals sent in the parked section (default 60)")
+    p.add_argument("--parked", help="counts of parked refunds, one run each (default 0,1000,10000; quick 0,20)")
+    p.add_argument("--parked-chunk", type=int, help="refunds per throughput chunk (default 500; quick 10)")
+    p.add_argument("--restarts", type=int, help="SIGKILL + restart cycles per count (default 5; quick 2)")
+    p.add_argument("--idle-seconds", type=float, help="idle window of each restarted worker, s (default 30; quick 3)")
+    p.add_argument("--approvals", type=int, help="approvals per decision path in the parked section (default 60)")
     p.add_argument("--approval-rate", type=float, default=3.0, help="approvals per second (default 3)")
+    p.add_argument("--wakes", type=int, help="wakes per arm of the wake-latency comparison (default 30; quick 4)")
+    p.add_argument("--expiring", type=int, help="refunds whose deadlines fall due at once (default 10000; 0 skips)")
+    p.add_argument(
+        "--expiry-probes", type=int, help="auto-approved refunds timed before the expiry (default 10; quick 3)"
+    )
+    p.add_argument("--expiry-timeout", type=float, help="their approval timeout, s (default: passes after parking)")
     p.add_argument(
         "--parked-timeout",
         type=float,
         default=900.0,
-        help="seconds to wait for parking, and again for re-parking (at least 0.5 s per refund)",
+        help="seconds to wait for a chunk to park or complete (at least 0.5 s per refund)",
     )
     p.add_argument("--tuning-rounds", type=int, help="rounds per tuning knob (default 3, quick 2)")
     p.add_argument("--tuning-only", help="only knobs whose name contains this")
@@ -67,12 +73,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.count_refunds is None:
         args.count_refunds = 5 if q else 15
     args.throughput_refunds = args.throughput_refunds or (8 if q else 24)
-    args.parked = [int(x) for x in (args.parked or ("100" if q else "1000,10000")).split(",") if x]
-    floor = args.parked_floor
-    args.parked_floor = args.parked if floor is None else [int(x) for x in floor.split(",") if x]
-    if args.polling_rounds is None:
-        args.polling_rounds = 1 if q else 3
-    args.approvals = args.approvals or (20 if q else 60)
+    args.parked = [int(x) for x in (args.parked or ("0,20" if q else "0,1000,10000")).split(",") if x]
+    args.parked_chunk = args.parked_chunk or (10 if q else 500)
+    args.restarts = args.restarts or (2 if q else 5)
+    args.idle_seconds = args.idle_seconds or (3.0 if q else 30.0)
+    args.approvals = args.approvals or (3 if q else 60)
+    if args.wakes is None:
+        args.wakes = 4 if q else 30
+    if args.expiring is None:
+        args.expiring = 20 if q else 10_000
+    args.expiry_probes = args.expiry_probes or (3 if q else 10)
+    if args.expiry_timeout is None and q:
+        args.expiry_timeout = 15.0
     args.tuning_rounds = args.tuning_rounds or (2 if q else 3)
     args.profile_refunds = args.profile_refunds or (5 if q else 20)
     args.sections = [s for s in args.sections.split(",") if s]
@@ -112,11 +124,15 @@ async def run(args: argparse.Namespace, sandbox_url: str, workdir: Path) -> dict
             results["parked"] = await harness.off_loop(
                 lambda: parked.run_section(
                     counts=args.parked,
-                    floor=args.parked_floor,
-                    polling_n=args.polling_refunds,
-                    polling_rounds=args.polling_rounds,
+                    chunk=args.parked_chunk,
+                    restarts=args.restarts,
+                    idle_seconds=args.idle_seconds,
                     approvals_k=args.approvals,
                     approval_rate=args.approval_rate,
+                    wakes=args.wakes,
+                    expiry_n=args.expiring,
+                    expiry_timeout=args.expiry_timeout,
+                    expiry_probes=args.expiry_probes,
                     timeout=args.parked_timeout,
                     **common,
                 )
@@ -143,6 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     args = parse_args(argv)
     started = datetime.now(UTC)
+    load_at_start = harness.os_load()
     stamp = harness.utc_stamp()
     with harness.workdir() as workdir, harness.sandbox(workdir) as sandbox_url:
         results = asyncio.run(run(args, sandbox_url, workdir))
@@ -150,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "started": started.strftime("%Y-%m-%d %H:%M"),
         "finished": datetime.now(UTC).strftime("%H:%M"),
         "command": "python -m benchmarks " + shlex.join(sys.argv[1:] if argv is None else list(argv)),
-        "environment": harness.environment(),
+        "environment": {**harness.environment(), "load_average_at_start": load_at_start},
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
     }
     json_name = f"suite-{stamp}.json"

@@ -2,15 +2,19 @@
 
 Each round, on each backend: the product runtime is started on fresh-per-run databases, one warm-up
 refund per variant runs, then every variant runs ``refunds`` refunds one after the other (variant order
-rotates from round to round). Commits are counted in a separate pass (Postgres: pg_stat_database of the
-run's own databases, after the counters settle; SQLite: COMMIT statements on this process's
-connections).
+rotates from round to round). The auto-approved variants run with the queues polled only every 30 s
+(nothing is queued); the approval path, whose continuation comes from the ``approvals`` queue, runs
+in a runtime of its own with the product's polling. Commits are counted in a separate pass (Postgres:
+pg_stat_database of the run's own databases, after the counters settle, less the runtime's idle rate
+and the benchmark's own reads of the continuation's status; SQLite: COMMIT statements on this
+process's connections).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,11 +32,20 @@ LABELS = {
     "floor": "floor: N x (INSERT + COMMIT)",
     "langgraph": "LangGraph + saver, durability=sync",
     "langgraph_plain": "same LangGraph graph, no checkpointer",
-    "dbos_approval": "DBOS, approval path (recv/send)",
+    "dbos_approval": "DBOS, approval path (park, decide, continue)",
     "langgraph_approval": "LangGraph, approval path (interrupt/resume)",
 }
-#: Settings for in-process runs: no queue is used here, so its poller should not add transactions.
+#: What the approval-path variants measure; results without it measured a workflow waiting in recv.
+APPROVAL_PATH = "park, decide, continue"
+#: The approval paths' labels in results from before a parked refund became rows (it waited in recv).
+RECV_LABELS = {
+    "dbos_approval": "DBOS, approval path (recv/send, earlier design)",
+    "langgraph_approval": "LangGraph, approval path (interrupt/resume, earlier design)",
+}
+#: Settings for runs that use no queue, so that its poller adds no transactions.
 QUIET = {"queue_polling_interval_seconds": 30.0}
+#: Each group of variants runs in its own runtime; True: with the product's queue polling.
+GROUPS: tuple[tuple[tuple[str, ...], bool], ...] = ((AUTO_VARIANTS, False), (APPROVAL_VARIANTS, True))
 
 
 @dataclass
@@ -85,9 +98,12 @@ class started_bench:
         workdir: Path,
         config: dict[str, Any] | None = None,
         settings: dict[str, Any] | None = None,
+        *,
+        queues: bool = False,
     ) -> None:
+        """``queues``: poll the queues as the product does (the approval path needs its continuation's)."""
         self.dbs, self.sandbox_url, self.workdir, self.config = dbs, sandbox_url, workdir, config
-        self.settings = {**QUIET, **(settings or {})}
+        self.settings = {**({} if queues else QUIET), **(settings or {})}
 
     async def __aenter__(self) -> Bench:
         settings = harness.settings_for(self.dbs, self.sandbox_url, self.workdir, **self.settings)
@@ -140,7 +156,8 @@ def _count_checkpoints(bench: Bench, ids: list[str]) -> None:
 
 async def _pg_commit_pass(bench: Bench, variants: tuple[str, ...], n: int, server: str) -> dict[str, float]:
     """Commits per refund from pg_stat_database: all refunds registered first, then each variant runs in
-    its own window between two settled readings; idle background commits are measured and subtracted."""
+    its own window between two settled readings; idle background commits are measured and subtracted,
+    and so are the benchmark's own status reads while it waits for an approved refund's continuation."""
     batches = {v: [harness.new_refund(f"count-{v}", bench.runner(v)[1]) for _ in range(n)] for v in variants}
     harness.settle_pg_stats()
     c0, t0 = harness.pg_commits(bench.dbs, server), time.monotonic()
@@ -151,11 +168,13 @@ async def _pg_commit_pass(bench: Bench, variants: tuple[str, ...], n: int, serve
     c0, t0 = c1, t1
     for variant in variants:
         run, _amount = bench.runner(variant)
+        polls = flows.StatusPolls.count
         for refund_id, request in batches[variant]:
             await run(refund_id, request)
+        polls = flows.StatusPolls.count - polls
         harness.settle_pg_stats()
         c1, t1 = harness.pg_commits(bench.dbs, server), time.monotonic()
-        out[variant] = (c1 - c0 - idle_rate * (t1 - t0)) / n
+        out[variant] = (c1 - c0 - idle_rate * (t1 - t0) - polls) / n
         c0, t0 = c1, t1
     return out
 
@@ -166,41 +185,63 @@ async def run_section(
     variants = AUTO_VARIANTS + APPROVAL_VARIANTS
     samples: dict[str, dict[str, list[dict[str, Any]]]] = {b: {v: [] for v in variants} for b in harness.BACKENDS}
     extra: dict[str, dict[str, Any]] = {b: {} for b in harness.BACKENDS}
-    with harness.databases("postgres", server, workdir) as pg_dbs, harness.databases("sqlite", server, workdir) as sq:
-        all_dbs = {"postgres": pg_dbs, "sqlite": sq}
+    with ExitStack() as stack:
+        # Each group on databases of its own: DBOS stores a queue's polling interval with the queue, and a
+        # worker that finds 30 s there converges to a shorter one registered later only by 10% per poll.
+        all_dbs = {
+            (backend, queues): stack.enter_context(harness.databases(backend, server, workdir))
+            for backend in harness.BACKENDS
+            for _, queues in GROUPS
+        }
         for r in range(rounds):
             for backend in harness.BACKENDS:
-                dbs = all_dbs[backend]
-                async with started_bench(dbs, sandbox_url, workdir) as bench:
+                for group, queues in GROUPS:
+                    async with started_bench(all_dbs[backend, queues], sandbox_url, workdir, queues=queues) as bench:
+                        await _round(bench, group, r, refunds, server, samples[backend], extra[backend])
+                print(f"  cost round {r + 1}/{rounds} {backend}: done", flush=True)
+        if count_refunds > 0:
+            commits: dict[str, float] = {}
+            for group, queues in GROUPS:
+                async with started_bench(all_dbs["postgres", queues], sandbox_url, workdir, queues=queues) as bench:
                     warm = await _run_batch(bench, "dbos", 2, server)
                     _count_checkpoints(bench, warm["ids"])
-                    extra[backend]["dbos_checkpoints_per_refund"] = bench.checkpoints
-                    for v in variants:
-                        if v != "dbos":
-                            await _run_batch(bench, v, 1, server)
-                    order = variants[r % len(variants) :] + variants[: r % len(variants)]
-                    for v in order:
-                        sample = await _run_batch(bench, v, refunds, server)
-                        if v == "langgraph":
-                            extra[backend]["langgraph_rows_per_refund"] = lg.checkpoints_per_refund(
-                                backend, dbs.langgraph_url, sample["ids"]
-                            )
-                        if v == "langgraph_approval":
-                            extra[backend]["langgraph_approval_rows_per_refund"] = lg.checkpoints_per_refund(
-                                backend, dbs.langgraph_url, sample["ids"]
-                            )
-                        if v == "dbos_approval":
-                            counted = flows.dbos_checkpoints(dbs.system_url, sample["ids"])
-                            extra[backend]["dbos_approval_checkpoints_per_refund"] = sum(counted.values())
-                        del sample["ids"]
-                        samples[backend][v].append(sample)
-                    print(f"  cost round {r + 1}/{rounds} {backend}: done", flush=True)
-        if count_refunds > 0:
-            async with started_bench(pg_dbs, sandbox_url, workdir) as bench:
-                warm = await _run_batch(bench, "dbos", 2, server)
-                _count_checkpoints(bench, warm["ids"])
-                extra["postgres"]["commits"] = await _pg_commit_pass(bench, variants, count_refunds, server)
-    return {"samples": samples, "extra": extra, "summary": summarize(samples, extra)}
+                    counted = await _pg_commit_pass(bench, group, count_refunds, server)
+                    idle = counted.pop("idle_commits_per_s")
+                    commits.update(counted)
+                    commits["idle_commits_per_s" if not queues else "idle_commits_per_s_polling"] = idle
+            extra["postgres"]["commits"] = commits
+    summary = summarize(samples, extra)
+    return {"approval_path": APPROVAL_PATH, "samples": samples, "extra": extra, "summary": summary}
+
+
+async def _round(
+    bench: Bench,
+    group: tuple[str, ...],
+    r: int,
+    refunds: int,
+    server: str,
+    samples: dict[str, list[dict[str, Any]]],
+    extra: dict[str, Any],
+) -> None:
+    """One round of a group of variants on one backend: warm-ups, then each variant's batch, rotated by round."""
+    warm = await _run_batch(bench, "dbos", 2, server)
+    _count_checkpoints(bench, warm["ids"])
+    extra["dbos_checkpoints_per_refund"] = bench.checkpoints
+    for v in group:
+        if v != "dbos":
+            await _run_batch(bench, v, 1, server)
+    order = group[r % len(group) :] + group[: r % len(group)]
+    for v in order:
+        sample = await _run_batch(bench, v, refunds, server)
+        if v in ("langgraph", "langgraph_approval"):
+            key = "langgraph_rows_per_refund" if v == "langgraph" else "langgraph_approval_rows_per_refund"
+            extra[key] = lg.checkpoints_per_refund(bench.dbs.backend, bench.dbs.langgraph_url, sample["ids"])
+        if v == "dbos_approval":
+            extra["dbos_approval_checkpoints_per_refund"] = sum(
+                flows.dbos_checkpoints(bench.dbs.system_url, sample["ids"]).values()
+            )
+        del sample["ids"]
+        samples[v].append(sample)
 
 
 def _med(samples: list[dict[str, Any]], key: str) -> float | None:

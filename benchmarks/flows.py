@@ -2,6 +2,9 @@
 
 - ``dbos_refund``: the product's ``refund_workflow``, started in this process with the refund id as
   workflow id (as the queue worker does after ``POST /refunds``), awaited to its result.
+- ``dbos_approved_refund``: the same for a refund that needs approval: it parks and ends; the API's
+  decision path approves it (the decision workflow in this process); the continuation it enqueues on
+  the ``approvals`` queue is taken by this process's worker and pays.
 - ``plain_refund``: the same agent (same offline model, instructions, tools and output type, without the
   ``DBOSDurability`` capability) and the same step functions called outside any workflow: every
   application read and write, the payment call and its idempotency key are the same; nothing is
@@ -13,6 +16,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from decimal import Decimal
 from typing import Any
@@ -22,8 +26,8 @@ import sqlalchemy as sa
 from dbos import DBOS, SetWorkflowID
 from pydantic_ai import Agent
 
-from agent import policy
-from agent.approvals import APPROVAL_EVENT, APPROVAL_TOPIC
+from agent import approvals, policy
+from agent.approval_workflows import decide_here
 from agent.brain import AGENT_NAME, INSTRUCTIONS, AgentDeps, get_order, get_refund_history, prompt_for, request_refund
 from agent.domain import ApprovalRecord, RefundProposal, RefundRequest
 from agent.offline import offline_model
@@ -32,7 +36,7 @@ from agent.workflow import policy_verdict, refund_workflow
 from steps.notify import CustomerMessage
 from steps.orders import load_order_step
 from steps.payments import issue_refund_step
-from steps.refunds import record_decision, record_payment_step, record_verdict_and_reserve_step
+from steps.refunds import record_decision_step, record_payment_step, record_verdict_and_reserve_step
 
 # ------------------------------------------------------------------------------------------------ DBOS
 
@@ -54,23 +58,49 @@ def dbos_refund_sync(refund_id: str, request: RefundRequest) -> dict[str, Any]:
     return result
 
 
+class StatusPolls:
+    """Reads of a workflow's status made while waiting for it (the commit count leaves them out)."""
+
+    count = 0
+
+
 async def dbos_approved_refund(refund_id: str, request: RefundRequest) -> dict[str, Any]:
-    """Start, wait until it waits for a person, approve it (record + send, as the API does), finish."""
+    """Start; it parks and ends. Approve it as the API does; wait for its continuation to pay."""
     with SetWorkflowID(refund_id):
         handle = await DBOS.start_workflow_async(refund_workflow, refund_id, request.model_dump(mode="json"))
-    pending = await DBOS.get_event_async(refund_id, APPROVAL_EVENT, timeout_seconds=60)
-    if pending is None:
-        raise RuntimeError(f"refund {refund_id} never asked for approval")
-    approve(refund_id, Decimal(pending["amount"]), pending["currency"])
-    await DBOS.send_async(refund_id, {"decision": "approve"}, APPROVAL_TOPIC, idempotency_key=f"approval:{refund_id}")
-    result: dict[str, Any] = await handle.get_result()
-    return result
+    parked: dict[str, Any] = await handle.get_result()
+    if parked.get("status") != "awaiting_approval":
+        raise RuntimeError(f"refund {refund_id} did not park for approval: {parked.get('status')}")
+    from benchmarks.harness import off_loop  # DBOS's synchronous API runs off the event loop
+
+    def approve_here() -> None:
+        approvals.decide_pending(decide_here, refund_id=refund_id, decision="approve", approver="bench")
+
+    await off_loop(approve_here)
+    return await _ended(approvals.settle_id(refund_id))
+
+
+async def _ended(workflow_id: str, interval: float = 0.01, timeout: float = 60.0) -> dict[str, Any]:
+    """The result of a workflow this process's queue worker runs; a handle would poll once a second."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        StatusPolls.count += 1
+        found = await DBOS.get_workflow_status_async(workflow_id)
+        if found is not None and found.status == "SUCCESS":
+            result: dict[str, Any] = await (await DBOS.retrieve_workflow_async(workflow_id)).get_result()
+            return result
+        if found is not None and found.status in ("ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED"):
+            return {"status": found.status}
+        await asyncio.sleep(interval)
+    return {"status": "timed out"}
 
 
 def approve(refund_id: str, amount: Decimal, currency: str) -> ApprovalRecord:
+    """Record an approval as the decision workflow does (first writer wins), outside any workflow."""
     from datetime import UTC, datetime
 
-    record, _ = record_decision(
+    return record_decision_step(
         ApprovalRecord(
             refund_id=refund_id,
             decision="approve",
@@ -80,7 +110,6 @@ def approve(refund_id: str, amount: Decimal, currency: str) -> ApprovalRecord:
             decided_at=datetime.now(UTC),
         )
     )
-    return record
 
 
 # ------------------------------------------------------------------------------------- no durability
@@ -143,9 +172,13 @@ async def plain_refund(refund_id: str, request: RefundRequest, rt: Runtime) -> d
 # ------------------------------------------------------------------------------------------- checkpoints
 
 
-def dbos_checkpoints(system_url: str, workflow_ids: list[str]) -> dict[str, float]:
-    """Rows DBOS wrote per workflow in its system tables: step outputs (operation_outputs) and status."""
+def dbos_checkpoints(system_url: str, refund_ids: list[str]) -> dict[str, float]:
+    """Rows DBOS wrote per refund in its system tables, over all of a refund's workflows (the deciding
+    one, and on the approval path its decision, continuation and timers): step outputs
+    (operation_outputs) and statuses (workflow_status)."""
     from steps.store import create_engine
+
+    workflow_ids = [w for refund_id in refund_ids for w in approvals.family(refund_id)]
 
     engine = create_engine(system_url)
     schema = "" if system_url.startswith("sqlite") else "dbos."  # a constant, never input
@@ -157,7 +190,7 @@ def dbos_checkpoints(system_url: str, workflow_ids: list[str]) -> dict[str, floa
                 counted = conn.execute(
                     query.bindparams(sa.bindparam("ids", expanding=True)), {"ids": workflow_ids}
                 ).scalar_one()
-                counts[table] = counted / len(workflow_ids)
+                counts[table] = counted / len(refund_ids)
     finally:
         engine.dispose()
     return counts

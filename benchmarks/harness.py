@@ -125,6 +125,11 @@ def sandbox(workdir: Path) -> Iterator[str]:
         log.close()
 
 
+def sandbox_ledger(workdir: Path, sandbox_url: str) -> Path:
+    """The SQLite ledger of the sandbox ``sandbox`` started at ``sandbox_url``."""
+    return workdir / f"sandbox-{sandbox_url.rsplit(':', 1)[1]}.sqlite"
+
+
 def settings_for(dbs: Databases, sandbox_url: str, workdir: Path, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "refund_agent_data_dir": workdir / "data",
@@ -167,12 +172,17 @@ def started(settings: Settings, config_overrides: Mapping[str, Any] | None = Non
     finally:
         runtime.dbos_config = product_config
     try:
-        engine = app_db().engine
-        seed(engine)
-        _seed_bench_orders(engine)
+        seed_orders()
         yield rt
     finally:
         runtime.stop()
+
+
+def seed_orders() -> None:
+    """The demo orders and the benchmark's own, once (an order already there is left alone)."""
+    engine = app_db().engine
+    seed(engine)
+    _seed_bench_orders(engine)
 
 
 def _seed_bench_orders(engine: sa.Engine) -> None:
@@ -286,6 +296,11 @@ def ratio(a: float | None, b: float | None) -> float | None:
     if a is None or b is None or b == 0:
         return None
     return a / b
+
+
+def os_load() -> list[float]:
+    """The machine's load averages (1, 5, 15 minutes): it is shared, so every run records them."""
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 def environment() -> dict[str, Any]:

@@ -1,12 +1,16 @@
 """The same refund flow as a LangGraph graph, checkpointed by PostgresSaver / SqliteSaver.
 
 The graph is LangGraph's usual agent loop (a model node and a tool node, as in ``create_react_agent``)
-followed by one node per external call of ``refund_workflow``, so LangGraph checkpoints after each model
-request, each tool call and each step, as DBOS does:
+followed by one node per external call of the refund's workflows, so LangGraph checkpoints after each
+model request, each tool call and each step, as DBOS does:
 
-    model <-> tools  ->  record_verdict (policy on the tools' order read; auto-approved: + reservation)
-      -> [open_approval -> notify_approvers -> await_approval (interrupt) -> settle_approval -> prepare_payment]
+    model <-> tools  ->  record_verdict (policy on the tools' order read; auto-approved: + reservation;
+                                         needs approval: + the approval request, ``open_approval``)
+      -> [notify_approvers -> await_approval (interrupt) -> prepare_payment (the approved amount)]
       -> pay -> record_payment (with the customer's message)
+
+The approval is recorded outside the graph as the product's decision workflow records it, then the
+graph resumes (``Command(resume=...)``) where DBOS's continuation would start.
 
 Model requests go to the same offline model function; tools do what the agent's tools do (same order
 lookup and refund history through the same step functions, same policy call); every application
@@ -55,11 +59,10 @@ from steps.records import OrderSnapshot, ProviderRefund
 from steps.refunds import (
     PaymentPlan,
     open_approval_step,
-    prepare_payment_step,
+    prepare_approved_payment_step,
     record_payment_step,
     record_verdict_and_reserve_step,
     record_verdict_step,
-    settle_approval_step,
 )
 
 OUTPUT_TOOL = "final_result"
@@ -192,6 +195,17 @@ def record_verdict_node(state: RefundState) -> RefundState:
         "verdict": verdict.model_dump(mode="json"),
         "model": ctx.model_label,
     }
+    if verdict.kind == "needs_approval":  # as the workflow parks: the verdict and the request together
+        open_approval_step(
+            state["refund_id"],
+            **record,
+            amount=verdict.amount,
+            currency=verdict.currency,
+            reason=proposal.reason,
+            escalate_after=4 * 3600,
+            timeout=72 * 3600,
+        )
+        return {"verdict": record["verdict"]}
     if verdict.kind != "auto_approve":
         record_verdict_step(state["refund_id"], **record)
         return {"verdict": record["verdict"]}
@@ -207,12 +221,7 @@ def after_verdict(state: RefundState) -> str:
     kind = state["verdict"]["kind"]
     if kind == "refuse":
         raise RuntimeError(f"benchmark refund {state['refund_id']} was refused")
-    return "open_approval" if kind == "needs_approval" else "pay"
-
-
-def open_approval_node(state: RefundState) -> RefundState:
-    open_approval_step(state["refund_id"], escalate_after=4 * 3600, timeout=72 * 3600)
-    return {}
+    return "notify_approvers" if kind == "needs_approval" else "pay"
 
 
 def notify_approvers_node(state: RefundState) -> RefundState:
@@ -230,18 +239,12 @@ def await_approval_node(state: RefundState) -> RefundState:
     return {"decision": dict(decision)}
 
 
-def settle_approval_node(state: RefundState) -> RefundState:
-    verdict = Verdict.model_validate(state["verdict"])
-    record = settle_approval_step(state["refund_id"], amount=verdict.amount, currency=verdict.currency)
-    if record.decision != "approve":
-        raise RuntimeError(f"benchmark refund {state['refund_id']} was not approved: {record.decision}")
-    return {}
-
-
 def prepare_payment_node(state: RefundState) -> RefundState:
-    request = RefundRequest.model_validate(state["request"])
+    """As the continuation does: reserve the approved amount, which must be the one requested."""
+    if state["decision"].get("decision") != "approve":
+        raise RuntimeError(f"benchmark refund {state['refund_id']} was not approved: {state['decision']}")
     verdict = Verdict.model_validate(state["verdict"])
-    plan = prepare_payment_step(state["refund_id"], request.order_id, amount=verdict.amount, currency=verdict.currency)
+    plan = prepare_approved_payment_step(state["refund_id"], amount=verdict.amount, currency=verdict.currency)
     _recheck(state["refund_id"], verdict, plan)
     return {"plan": plan.model_dump(mode="json")}
 
@@ -292,10 +295,8 @@ def build_graph(checkpointer: BaseCheckpointSaver[Any] | None) -> CompiledStateG
         "model": model_node,
         "tools": tools_node,
         "record_verdict": record_verdict_node,
-        "open_approval": open_approval_node,
         "notify_approvers": notify_approvers_node,
         "await_approval": await_approval_node,
-        "settle_approval": settle_approval_node,
         "prepare_payment": prepare_payment_node,
         "pay": pay_node,
         "record_payment": record_payment_node,
@@ -305,11 +306,9 @@ def build_graph(checkpointer: BaseCheckpointSaver[Any] | None) -> CompiledStateG
     g.add_edge(START, "model")
     g.add_conditional_edges("model", after_model, ["tools", "record_verdict"])
     g.add_edge("tools", "model")
-    g.add_conditional_edges("record_verdict", after_verdict, ["open_approval", "pay"])
-    g.add_edge("open_approval", "notify_approvers")
+    g.add_conditional_edges("record_verdict", after_verdict, ["notify_approvers", "pay"])
     g.add_edge("notify_approvers", "await_approval")
-    g.add_edge("await_approval", "settle_approval")
-    g.add_edge("settle_approval", "prepare_payment")
+    g.add_edge("await_approval", "prepare_payment")
     g.add_edge("prepare_payment", "pay")
     g.add_edge("pay", "record_payment")
     g.add_edge("record_payment", END)
@@ -344,8 +343,8 @@ def run_approved_refund(
     if not interrupts:
         raise RuntimeError(f"LangGraph refund {refund_id} did not stop for approval")
     pending = interrupts[0].value
-    approve(refund_id, Decimal(pending["amount"]), pending["currency"])
-    state = graph.invoke(Command(resume={"decision": "approve"}), config, durability="sync")
+    record = approve(refund_id, Decimal(pending["amount"]), pending["currency"])
+    state = graph.invoke(Command(resume=record.model_dump(mode="json")), config, durability="sync")
     if "outcome" not in state:
         raise RuntimeError(f"LangGraph refund {refund_id} did not complete after approval")
     return dict(state["outcome"])

@@ -1,69 +1,54 @@
-"""A product worker that reports how many workflows wait in ``DBOS.recv`` (the approval wait).
+"""The product's worker for the parked-approval section, with a line protocol the benchmark drives.
 
     python -m benchmarks.parked_worker
 
-Configuration comes from the environment, as for ``refund-agent worker``: this is the product runtime
-with its queue worker, so refunds reach it the product's way (the benchmark enqueues them on the
-``refunds`` queue, as ``POST /refunds`` does), and after a SIGKILL a new process with the same
-executor id recovers them through that queue. The product's workflow is unchanged; this process only
-counts the workflows currently inside ``DBOS.recv_async`` and prints ``parked <count> <unix time>``
-whenever the count changes (at most every 50 ms), so the benchmark can time parking and re-parking
-from outside. It prints ``gc2 <ms> <unix time>`` after each full (generation 2) garbage collection:
-one stops every refund in the process while it runs.
+Configuration comes from the environment, as for ``refund-agent worker``: the product runtime with
+both of its queues and the product's settings. Refunds reach it the product's way (the benchmark
+enqueues them on the ``refunds`` queue, as ``POST /refunds`` does). On stdout it prints
 
-It also registers the floor the product is compared with, ``bench_floor_workflow(steps)``: ``steps``
-checkpointed no-op steps, then the refund's approval wait (same topic, timeout and queue slot
-release), run from the same queue with the same settings. With ``steps=0`` it is what DBOS itself
-costs to start, park and recover a workflow that does nothing but wait.
+- ``ready <unix time>`` once ``runtime.start`` has returned (the time is when it returned; the line
+  comes after the benchmark's orders are seeded);
+- ``gc2 <ms> <unix time>`` after each full (generation 2) garbage collection, which stops every
+  workflow in the process while it runs;
+- ``decided <refund id> <called at> <returned at> <outcome>`` for each ``decide <refund id>`` line read
+  on stdin: the refund is approved here through the product's decision path in a process where DBOS
+  is launched, ``approvals.decide_pending`` with ``approval_workflows.decide_here``, as the HTTP API,
+  the console and Slack do in ``refund-agent serve``. Each decision runs on its own thread, so a slow
+  one does not hold back the next.
+
+It also registers ``bench_wake_workflow``, a workflow that does nothing, which the benchmark enqueues
+version-less on the ``approvals`` queue to time how soon a worker starts a workflow that is woken from
+DELAYED against one that is enqueued.
 """
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from dbos import DBOS
 
-from agent.approvals import APPROVAL_TOPIC
-from agent.offloop import call
-from agent.parking import queue_slot_released
-from agent.runtime import current
+from agent import approvals, runtime
+from agent.approval_workflows import decide_here
 from agent.settings import get_settings
 from benchmarks import harness
+from benchmarks.parked_common import WAKE_WORKFLOW
 
-FLOOR_WORKFLOW = "bench_floor_workflow"
-
-_waiting = 0
-_lock = threading.Lock()
-_product_recv = DBOS.recv_async
+_out = threading.Lock()
 
 
-async def _counting_recv(topic: str | None = None, timeout_seconds: float = 60) -> Any:
-    global _waiting
-    with _lock:
-        _waiting += 1
-    try:
-        return await _product_recv(topic, timeout_seconds)
-    finally:
-        with _lock:
-            _waiting -= 1
+def say(line: str) -> None:
+    with _out:
+        print(line, flush=True)
 
 
-@DBOS.step(name="bench.noop")
-def _noop_step(i: int) -> int:
-    return i
-
-
-@DBOS.workflow(name=FLOOR_WORKFLOW)
-async def floor_workflow(steps: int) -> None:
-    for i in range(steps):
-        await call(_noop_step, i)
-    with queue_slot_released():
-        await DBOS.recv_async(APPROVAL_TOPIC, timeout_seconds=current().approvals.escalate_after)
+@DBOS.workflow(name=WAKE_WORKFLOW)
+def wake_workflow() -> None:
+    """Nothing: the benchmark reads when a worker started it."""
 
 
 def _time_full_collections() -> None:
@@ -76,36 +61,40 @@ def _time_full_collections() -> None:
         if phase == "start":
             started = time.perf_counter()
         else:
-            print(f"gc2 {(time.perf_counter() - started) * 1000:.1f} {time.time():.3f}", flush=True)
+            say(f"gc2 {(time.perf_counter() - started) * 1000:.1f} {time.time():.3f}")
 
     gc.callbacks.append(callback)
 
 
-def _reporter() -> None:
-    last = -1
-    while True:
-        now = _waiting
-        if now != last:
-            print(f"parked {now} {time.time():.3f}", flush=True)
-            last = now
-        time.sleep(0.05)
+def _decide(refund_id: str) -> None:
+    called = time.time()
+    try:
+        result = approvals.decide_pending(decide_here, refund_id=refund_id, decision="approve", approver="bench")
+        outcome = "first" if result.first else f"stands:{result.record.decision}"
+    except Exception as error:  # reported to the benchmark, which counts it
+        outcome = f"error:{type(error).__name__}"
+    say(f"decided {refund_id} {called:.6f} {time.time():.6f} {outcome}")
 
 
-async def _forever() -> None:
-    while True:
-        await asyncio.sleep(3600)
+def _serve_commands(pool: ThreadPoolExecutor) -> None:
+    for line in sys.stdin:
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == "decide":
+            pool.submit(_decide, parts[1])
 
 
 def main(argv: list[str]) -> int:
     if argv:
         print(__doc__, file=sys.stderr)
         return 2
-    DBOS.recv_async = _counting_recv  # type: ignore[method-assign]
-    threading.Thread(target=_reporter, daemon=True).start()
     _time_full_collections()
-    with harness.started(get_settings()):
-        print(f"ready {time.time():.3f}", flush=True)
-        asyncio.run(_forever())
+    runtime.start(get_settings())
+    launched = time.time()
+    harness.seed_orders()
+    say(f"ready {launched:.3f}")
+    with ThreadPoolExecutor(max_workers=8, thread_name_prefix="decide") as pool:
+        _serve_commands(pool)
+        threading.Event().wait()  # stdin closed: keep working until killed
     return 0
 
 

@@ -6,8 +6,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cost import LABELS
-from benchmarks.harness import fmt, ratio
+from benchmarks import report_parked
+from benchmarks.cost import APPROVAL_PATH, LABELS, RECV_LABELS
+from benchmarks.harness import fmt
 
 README = Path(__file__).resolve().parent / "README.md"
 BEGIN, END = "<!-- suite-results:begin -->", "<!-- suite-results:end -->"
@@ -18,6 +19,7 @@ def _met(ok: bool | None) -> str:
 
 
 def cost_tables(cost: dict[str, Any]) -> list[str]:
+    labels = LABELS if cost.get("approval_path") == APPROVAL_PATH else {**LABELS, **RECV_LABELS}
     lines: list[str] = []
     for backend, s in cost["summary"].items():
         pg = backend == "postgres"
@@ -29,7 +31,7 @@ def cost_tables(cost: dict[str, Any]) -> list[str]:
             "|---|---:|---:|---:|---:|---:|" if pg else "|---|---:|---:|---:|---:|",
         ]  # fmt: skip
         for v, r in s["rows"].items():
-            cells = [LABELS.get(v, v), fmt(r["wall_ms"]), fmt(r["cpu_ms"]), fmt(r.get("commits"))]
+            cells = [labels.get(v, v), fmt(r["wall_ms"]), fmt(r["cpu_ms"]), fmt(r.get("commits"))]
             if pg:
                 cells.append(fmt(r.get("wal_bytes"), 0))
             cells.append(str(r["failed"]))
@@ -109,86 +111,6 @@ def throughput_table(tp: dict[str, Any]) -> list[str]:
             ]
             lines.append(f"| {backend} | {LABELS.get(v, v)} | " + " | ".join(cells) + " |")
     return lines
-
-
-def _gc_cell(run: dict[str, Any]) -> str:
-    phases = [run.get(f"full_gc_{p}") for p in ("parking", "recovery", "approvals")]
-    if not all(phases):  # runs recorded before the worker timed its collections
-        return "not recorded"
-    return ", ".join(f"{p['count']} (longest {fmt(p['max_ms'], 0)} ms)" for p in phases if p)
-
-
-def _seconds(value: float | None) -> str:
-    return "did not complete" if value is None else f"{fmt(value)} s"
-
-
-def parked_table(parked: dict[str, Any]) -> list[str]:
-    runs = parked["runs"]
-    lines = [
-        "| parked | workflow | recorded operations before the wait | time to park all | RSS per parked "
-        "| SIGKILL -> all parked again (process ready after) | re-park per workflow |",
-        "|---:|---|---:|---:|---:|---:|---:|",
-    ]
-    for r in runs:
-        if "error" in r:
-            lines.append(f"| {r['parked']:,} | {r.get('load', '')} | failed: {r['error']} | | | | |")
-            continue
-        lines.append(
-            f"| {r['parked']:,} | {r.get('load', 'refund_workflow (product)')} "
-            f"| {fmt(r.get('operations_before_wait'), 0)} "
-            f"| {fmt(r['park_s'])} s | {fmt(r['rss_per_parked_kb'])} KB "
-            f"| {fmt(r['kill_to_all_parked_s'])} s ({fmt(r['restart_to_ready_s'])} s) "
-            f"| {fmt(r['kill_to_all_parked_s'] / r['parked'] * 1000)} ms |"
-        )
-    product = [r for r in runs if "error" not in r and "approved" in r]
-    if product:
-        lines += [
-            "",
-            "| parked refunds | RSS before -> after parking -> after recovery | threads parked / recovered "
-            "| new refund while parked / submitted at restart | approvals | approve -> completed p50 / p99 / max "
-            "| full GC pauses: parking, recovery, approvals (count, longest) |",
-            "|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for r in product:
-            lines.append(
-                f"| {r['parked']:,} | {fmt(r['rss_before_mb'], 0)} -> {fmt(r['rss_after_mb'], 0)} -> "
-                f"{fmt(r['rss_after_recovery_mb'], 0)} MB "
-                f"| {r.get('threads_parked', '')} / {r.get('threads_after_recovery', '')} "
-                f"| {_seconds(r.get('auto_refund_while_parked_s'))} / {_seconds(r.get('auto_refund_after_restart_s'))} "
-                f"| {r['completed']}/{r['approved']} at {fmt(r['approval_rate_per_s'], 0)}/s "
-                f"| {fmt(r['approve_to_completed_p50_ms'], 0)} / {fmt(r['approve_to_completed_p99_ms'], 0)} / "
-                f"{fmt(r['approve_to_completed_max_ms'], 0)} ms | {_gc_cell(r)} |"
-            )
-        lines += ["", *_parked_targets(product)]
-    polling = parked.get("polling")
-    if polling:
-        a, b = polling["arms"]
-        ma, mb = polling["medians"][a], polling["medians"][b]
-        lines += [
-            "",
-            f"Queue polling interval ({polling['parked']} refunds, median of {polling['rounds']} rounds, "
-            "arms alternating):",
-            "",
-            "| `QUEUE_POLLING_INTERVAL_SECONDS` | time to park all | SIGKILL -> all parked again |",
-            "|---|---:|---:|",
-            f"| {a} | {fmt(ma['park_s'])} s | {fmt(ma['kill_to_all_parked_s'])} s |",
-            f"| {b} | {fmt(mb['park_s'])} s ({fmt(ratio(mb['park_s'], ma['park_s']), 2)}x) "
-            f"| {fmt(mb['kill_to_all_parked_s'])} s "
-            f"({fmt(ratio(mb['kill_to_all_parked_s'], ma['kill_to_all_parked_s']), 2)}x) |",
-        ]
-    return lines
-
-
-def _parked_targets(product: list[dict[str, Any]]) -> list[str]:
-    cells = []
-    for r in product:
-        rss, repark, p99 = r["rss_per_parked_kb"], r["kill_to_all_parked_s"], r["approve_to_completed_p99_ms"]
-        cells.append(
-            f"{r['parked']:,} parked: RSS {fmt(rss)} KB (target <= 50: {_met(_le(rss, 50))}), "
-            f"re-parked in {fmt(repark)} s (target <= 60: {_met(_le(repark, 60))}), "
-            f"approval p99 {fmt(p99, 0)} ms (target <= 1,000: {_met(_le(p99, 1000))})"
-        )
-    return ["Targets: " + "; ".join(cells) + "."]
 
 
 def tuning_table(tuning: dict[str, Any]) -> list[str]:
@@ -283,26 +205,9 @@ def plots(results: dict[str, Any], out_dir: Path, stamp: str) -> list[str]:
         ax.legend(fontsize=8)
         ax.set_title("throughput")
         names.append(save(fig, "throughput"))
-    runs = [r for r in (results.get("parked") or {}).get("runs", []) if "error" not in r]
-    if runs:
-        counts = sorted({r["parked"] for r in runs})
-        loads = list(dict.fromkeys(r["load"] for r in runs))
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-        width = 0.8 / len(loads)
-        panels = (("park_s", "time to park all"), ("kill_to_all_parked_s", "SIGKILL -> all parked again"))
-        for ax, (key, title) in zip(axes, panels, strict=True):
-            for i, load in enumerate(loads):
-                by_n = {r["parked"]: r[key] for r in runs if r["load"] == load}
-                offset = (i - (len(loads) - 1) / 2) * width
-                heights = [by_n.get(c, 0) for c in counts]
-                ax.bar([x + offset for x in range(len(counts))], heights, width=width, label=load)
-            ax.set_xticks(list(range(len(counts))), [f"{c:,} parked" for c in counts])
-            ax.set_ylabel("seconds")
-            ax.set_title(title)
-            if key == "kill_to_all_parked_s":
-                ax.axhline(60, color="grey", linestyle="--", linewidth=1, label="target: 60 s")
-            ax.legend(fontsize=7)
-        names.append(save(fig, "parked"))
+    parked = report_parked.plot(results, save)
+    if parked:
+        names.append(parked)
     return names
 
 
@@ -313,7 +218,8 @@ def _run_line(meta: dict[str, Any], json_name: str) -> str:
     env = meta["environment"]
     return (
         f"Run {meta['started']} to {meta['finished']} UTC, commit `{env['commit']}`, {env['cpus']} CPUs, "
-        f"load average {env['load_average']} at the end; command `{meta['command']}`; raw numbers in "
+        + (f"load average {env['load_average_at_start']} at the start, " if "load_average_at_start" in env else "")
+        + f"load average {env['load_average']} at the end; command `{meta['command']}`; raw numbers in "
         f"`results/{json_name}`."
     )
 
@@ -325,16 +231,18 @@ def markdown(results: dict[str, Any], json_name: str, png_names: list[str]) -> s
 
 def combined_markdown(documents: list[tuple[str, dict[str, Any]]], png_names: list[str]) -> str:
     """One block from several runs' results: each section from the last run that has it, except parked
-    approvals, whose runs (one per count of parked refunds) are put together from every file, by count."""
+    approvals, whose runs (one per count of parked refunds) are put together by count from every file
+    that measured the same design (the last file's design). Plots come from the files a section came from."""
     merged: dict[str, Any] = {}
     source: dict[str, set[str]] = {}
     for name, results in documents:
         for section in SECTIONS:
             if section not in results:
                 continue
-            if section == "parked" and "parked" in merged:
-                runs = [*merged["parked"]["runs"], *results["parked"]["runs"]]
-                merged["parked"] = {**results["parked"], "runs": sorted(runs, key=lambda r: int(r["parked"]))}
+            if section == "parked" and "parked" in merged and _same_design(merged["parked"], results["parked"]):
+                by_count = {int(r["parked"]): r for r in [*merged["parked"]["runs"], *results["parked"]["runs"]]}
+                runs = sorted(by_count.values(), key=lambda r: int(r["parked"]))
+                merged["parked"] = {**merged["parked"], **results["parked"], "runs": runs}
                 source["parked"].add(name)
                 continue
             merged[section], source[section] = results[section], {name}
@@ -343,7 +251,17 @@ def combined_markdown(documents: list[tuple[str, dict[str, Any]]], png_names: li
         mine = [section for section in SECTIONS if name in source.get(section, set())]
         if mine:
             lines += [f"Sections {', '.join(mine)}: " + _run_line(results["meta"], name), ""]
-    return "\n".join(lines + _sections(merged, png_names))
+    stamps = {section: {_stamp(name) for name in names} for section, names in source.items()}
+    pngs = [n for n in png_names if n.split("-", 2)[2].removesuffix(".png") in stamps.get(n.split("-")[1], set())]
+    return "\n".join(lines + _sections(merged, pngs))
+
+
+def _same_design(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return report_parked.design(a) == report_parked.design(b)
+
+
+def _stamp(json_name: str) -> str:
+    return json_name.removeprefix("suite-").removesuffix(".json")
 
 
 def _sections(results: dict[str, Any], png_names: list[str]) -> list[str]:
@@ -355,7 +273,7 @@ def _sections(results: dict[str, Any], png_names: list[str]) -> list[str]:
         lines += ["#### 2. Throughput", "", *throughput_table(results["throughput"]), ""]
         lines += [f"![throughput](results/{n})" for n in png_names if "throughput" in n] + [""]
     if "parked" in results:
-        lines += ["#### 3. Parked approvals (Postgres, one worker)", "", *parked_table(results["parked"]), ""]
+        lines += ["#### 3. Parked approvals (Postgres, one worker)", "", *report_parked.tables(results["parked"]), ""]
         lines += [f"![parked approvals](results/{n})" for n in png_names if "parked" in n] + [""]
     if "tuning" in results:
         lines += ["#### 4. Tuning", "", *tuning_table(results["tuning"]), ""]

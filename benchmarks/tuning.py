@@ -4,7 +4,7 @@ Every knob has two arms: the product's current setting first, the alternative se
 own fresh databases (some settings, like LISTEN/NOTIFY, are fixed when the system database is created);
 rounds alternate the arms and every round relaunches DBOS. The workload is the one the knob can change:
 sequential auto-approved refunds (cost per refund), refunds at concurrency 16 (refunds/s), or the
-approval path (start, park on recv, approve, finish).
+approval path (start and park, approve as the API does, the continuation pays).
 """
 
 from __future__ import annotations
@@ -133,7 +133,12 @@ async def run_section(
                 for r in range(rounds):
                     for arm in arms if r % 2 == 0 else tuple(reversed(arms)):
                         async with started_bench(
-                            arm_dbs[arm.label], sandbox_url, workdir, arm.config, arm.settings
+                            arm_dbs[arm.label],
+                            sandbox_url,
+                            workdir,
+                            arm.config,
+                            arm.settings,
+                            queues=knob.workload == "approval",  # the continuation comes from a queue
                         ) as bench:
                             await _measure(bench, arm, knob.workload, 1, 1, server)  # warm-up
                             values[arm.label].append(

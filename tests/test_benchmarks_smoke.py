@@ -52,18 +52,41 @@ def test_benchmark_suite_writes_results(tmp_path: Path) -> None:
     assert "Durability cost per refund" in stdout
 
 
-def test_parked_section_parks_recovers_and_approves_through_the_queue(tmp_path: Path) -> None:
-    args = ["--sections", "parked", "--parked", "6", "--approvals", "3", "--polling-rounds", "0"]
-    results, _ = _run_suite(tmp_path, args, timeout=280)
-    runs = {run["load"]: run for run in results["parked"]["runs"]}
-    assert set(runs) == {"refund_workflow (product)", "floor: wait only", "floor: 11 no-op steps, then wait"}, runs
-    assert all("error" not in run for run in runs.values()), runs
-    product = runs["refund_workflow (product)"]
-    # Parked, recovered and waiting again, then the approved ones paid; new refunds were not held up.
-    assert product["parked"] == 6 and product["kill_to_all_parked_s"] > 0
-    assert (product["approved"], product["completed"]) == (3, 3)
-    assert product["auto_refund_while_parked_s"] is not None
-    assert product["auto_refund_after_restart_s"] is not None
-    assert product["operations_before_wait"] == 12
-    assert runs["floor: wait only"]["operations_before_wait"] == 1
-    assert runs["floor: 11 no-op steps, then wait"]["operations_before_wait"] == 12
+def test_parked_section_parks_restarts_approves_and_expires(tmp_path: Path) -> None:
+    args = ["--sections", "parked", "--parked", "0,6", "--parked-chunk", "3", "--restarts", "1"]
+    args += ["--idle-seconds", "1", "--approvals", "2", "--wakes", "2"]
+    args += ["--expiring", "4", "--expiry-timeout", "12", "--expiry-probes", "1"]
+    results, stdout = _run_suite(tmp_path, args, timeout=280)
+    parked = results["parked"]
+    runs = {run["parked"]: run for run in parked["runs"]}
+    assert set(runs) == {0, 6} and all("error" not in run for run in runs.values()), runs
+    # Alternating chunks: auto-approved ones paid, the others parked (their deciding workflow ended,
+    # the deadline waits as a DELAYED workflow), as the product's own status helper sees them too.
+    throughput = runs[6]["throughput"]
+    assert [c["kind"] for c in throughput["chunks"]] == ["auto", "park", "park", "auto"]
+    for chunk in throughput["chunks"]:
+        assert chunk["not_ended"] == 0
+        if chunk["kind"] == "auto":
+            assert chunk["rows"] == {"completed": 3}
+        else:
+            assert (chunk["rows"], chunk["deadlines"]) == ({"awaiting_approval": 3}, {"DELAYED": 3})
+    assert throughput["status_parked_sample"] == [6, 6]
+    # A restart finds nothing to recover, a new refund submitted then completes, the idle worker is read.
+    for run in runs.values():
+        assert run["restarts"]["pending_at_restart"] == 0
+        assert all(s["new_refund_s"] is not None for s in run["restarts"]["samples"])
+        assert all(s["worker_cpu_pct"] >= 0 and s["rss_mb"] > 0 for s in run["restarts"]["samples"])
+    for path in ("api", "cli"):
+        approved = runs[6]["approvals"][path]
+        assert (approved["approved"], approved["completed"], approved["errors"]) == (2, 2, [])
+    assert "approvals" not in runs[0]
+    wake = parked["wake"]
+    assert [wake[arm]["wake_to_start_ms"]["n"] for arm in wake["arms"]] == [2, 2]
+    # Deadlines due at once: every refund expired and rejected, none paid or left unfinished; new refunds paid.
+    expiry = parked["expiry"]
+    assert (expiry["decisions"], expiry["refund_rows"]) == ({"expired": 4}, {"rejected": 4})
+    assert (expiry["paid"], expiry["not_final"], expiry["continuations"]) == (0, 0, 0)
+    assert expiry["deadline_workflows"] == {"SUCCESS": 4}
+    assert expiry["probes_paid"] >= 1
+    assert list(tmp_path.glob("suite-parked-*.png"))
+    assert "Parked approvals" in stdout and "| target | measured |" in stdout
