@@ -8,6 +8,7 @@ import secrets
 import shutil
 import subprocess
 import time
+from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -15,12 +16,15 @@ from typing import Any
 
 import psycopg
 import sqlalchemy as sa
-from dbos import DBOSClient
+from dbos import DBOSClient, WorkflowStatus
 
+from agent.approvals import family
 from agent.chaos.cluster import Cluster
 from agent.chaos.driver import Driver
 from agent.chaos.plan import Plan, insert_orders, make_plan
-from agent.chaos.verdict import Observed, judge, render
+from agent.chaos.verdict import TERMINAL, Observed, judge, render
+from agent.domain import refund_id_of
+from agent.status import speaking
 from steps import audit
 from steps.store import create_engine, orders, refunds
 
@@ -28,6 +32,8 @@ log = logging.getLogger(__name__)
 
 MAX_REFUNDS, MAX_KILLS, MAX_SECONDS = 5000, 500, 6 * 3600
 MARKER = ".refund-agent-chaos"
+#: A workflow in one of these has work left (DELAYED timers are rows waiting for their time, not work).
+_MOVING = ("PENDING", "ENQUEUED")
 _WORKFLOW_END = {"ERROR": "failed", "MAX_RECOVERY_ATTEMPTS_EXCEEDED": "failed", "CANCELLED": "cancelled"}
 
 
@@ -106,17 +112,23 @@ def restart_postgres(cluster: str, url: str) -> None:
 def _observe(plan: Plan, engine: sa.Engine, client: DBOSClient, accepted: set[str]) -> dict[str, Observed]:
     # Workflows first, then the book: a workflow that had ended had written its book rows, so a book read
     # afterwards is final for it (read the other way round, a refund finishing in between looks stuck).
-    ids = [p.refund_id for p in plan.refunds]
-    flows: dict[str, str] = {}
+    # A refund is several workflows (deciding run, decision, continuation, timers): while any of them is
+    # queued or running the refund is still moving, whatever its row says.
+    ids = [wid for p in plan.refunds for wid in family(p.refund_id)]
+    workflows: dict[str, list[WorkflowStatus]] = defaultdict(list)
     for i in range(0, len(ids), 200):
         for w in client.list_workflows(workflow_ids=ids[i : i + 200], load_input=False, load_output=False):
-            flows[w.workflow_id] = w.status
+            workflows[refund_id_of(w.workflow_id)].append(w)
     with engine.connect() as conn:
         rows = {r.refund_id: r.status for r in conn.execute(sa.select(refunds.c.refund_id, refunds.c.status))}
         books = {r.order_id: r.amount_refunded_minor for r in conn.execute(sa.select(orders))}
     observed = {}
     for p in plan.refunds:
-        flow, status = flows.get(p.refund_id), rows.get(p.refund_id)
+        family_flows = workflows.get(p.refund_id, [])
+        moving = [w.status for w in family_flows if w.status in _MOVING]
+        carrier = speaking(family_flows, p.refund_id)
+        flow = moving[0] if moving else (carrier.status if carrier else None)
+        status = rows.get(p.refund_id)
         if flow in _WORKFLOW_END:
             status = _WORKFLOW_END[flow]
         observed[p.refund_id] = Observed(p.refund_id in accepted, status, flow, books.get(p.order_id))
@@ -129,7 +141,9 @@ def _settled(plan: Plan, observed: dict[str, Observed]) -> bool:
         if not seen.accepted:
             continue
         parked_as_planned = p.expected == "awaiting_approval" and seen.status == "awaiting_approval"
-        if not parked_as_planned and (seen.workflow not in ("SUCCESS", *_WORKFLOW_END) or seen.status is None):
+        if parked_as_planned:
+            continue
+        if seen.workflow in _MOVING or seen.workflow is None or seen.status not in TERMINAL:
             return False
     return True
 
