@@ -37,21 +37,24 @@ from steps.records import ApprovalRequest
 from steps.refunds import escalate_approval_step, expire_approval_step, record_decision_step
 
 EXPIRED_DETAIL = "approval expired: no decision before the deadline"
+#: DBOS dequeues a queue by priority, then age. Decisions and continuations are enqueued without one
+#: (DBOS stores 0, the first), timers with this: a decision never waits behind deadlines falling due,
+#: though every deadline was enqueued (when its refund parked) before any decision on it.
+TIMER_PRIORITY = 100
 
 
-def _enqueue(name: str, workflow_id: str, *args: Any, delay: float | None = None) -> None:
+def _enqueue(name: str, workflow_id: str, *args: Any) -> None:
     options: EnqueueOptions = {"queue_name": APPROVAL_QUEUE, "workflow_name": name, "workflow_id": workflow_id}
-    if delay is not None:
-        options["delay_seconds"] = max(delay, 0.0)
     DBOS.enqueue_workflow_with_options(options, *args)
 
 
-async def _enqueue_async(name: str, workflow_id: str, *args: Any, delay: float) -> None:
+async def _enqueue_timer(name: str, workflow_id: str, *args: Any, delay: float) -> None:
     options: EnqueueOptions = {
         "queue_name": APPROVAL_QUEUE,
         "workflow_name": name,
         "workflow_id": workflow_id,
         "delay_seconds": max(delay, 0.0),
+        "priority": TIMER_PRIORITY,
     }
     await DBOS.enqueue_workflow_with_options_async(options, *args)
 
@@ -62,11 +65,11 @@ async def start_timers(request: ApprovalRequest, config: ApprovalSettings) -> No
     Delays are taken from the recorded request, not from a clock, so a replay computes the same ones."""
     refund_id, amount, currency = request.refund_id, str(request.amount), request.currency
     expires_in = (request.expires_at - request.requested_at).total_seconds()
-    await _enqueue_async(DEADLINE_WORKFLOW, deadline_id(refund_id), refund_id, amount, currency, delay=expires_in)
+    await _enqueue_timer(DEADLINE_WORKFLOW, deadline_id(refund_id), refund_id, amount, currency, delay=expires_in)
     escalates_in = (request.escalate_at - request.requested_at).total_seconds()
     if escalates_in < expires_in:
         expires = request.expires_at.isoformat()
-        await _enqueue_async(
+        await _enqueue_timer(
             ESCALATION_WORKFLOW, escalation_id(refund_id), refund_id, amount, currency, expires, delay=escalates_in
         )
 

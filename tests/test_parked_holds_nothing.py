@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from dbos import DBOSClient
 
-from agent import runtime
+from agent import approvals, runtime
 from agent.approvals import deadline_id, escalation_id, family
 from agent.domain import RefundRequest
 from agent.processes import wait_for
@@ -109,6 +109,56 @@ def test_metrics_count_parked_escalated_and_overdue_approvals(env: Env) -> None:
             )
         assert metric(scraped(), "refund_agent_approval_deadlines_overdue") == 1
         assert metric(scraped(), 'refund_agent_queue_depth{queue="approvals",status="PENDING"}') == 0
+    finally:
+        client.destroy()
+        runtime.stop()
+
+
+def test_a_decision_and_its_payment_go_before_deadlines_that_are_already_due(env: Env) -> None:
+    """Deadlines are enqueued when their refunds park, long before any decision; the approvals queue still
+    serves a decision and its continuation first (DBOS dequeues by priority, then age)."""
+    one = {"approval_queue_worker_concurrency": 1}  # stored with the queue; a worker's first poll reads it
+    settings = env.settings(approval_timeout_seconds=3600.0, approval_escalate_after_seconds=3600.0, **one)
+    rt = runtime.start(settings)
+    seed(app_db().engine)
+    client: DBOSClient = runtime.client(rt.settings)
+    try:
+        request = RefundRequest(order_id="ord_1002", message="Everything arrived broken.")
+        submit_refund(client, idempotency_key="priority-approved", request=request)
+        _parked(client, "priority-approved")
+        runtime.stop()
+        # Six refunds whose deadlines fall due while no worker runs.
+        runtime.start(env.settings(approval_timeout_seconds=6.0, approval_escalate_after_seconds=6.0, **one))
+        expiring = [f"priority-expiring-{i}" for i in range(6)]
+        for refund_id in expiring:
+            submit_refund(client, idempotency_key=refund_id, request=request)
+        for refund_id in expiring:
+            _parked(client, refund_id)
+        runtime.stop()
+        # A process that runs no queue moves the due deadlines to the queue; the decision is enqueued too.
+        runtime.start(env.settings(**one), worker=False)
+        deadlines = [deadline_id(r) for r in expiring]
+
+        def all_due() -> bool:
+            found = client.list_workflows(workflow_ids=deadlines, load_input=False)
+            return [w.status for w in found] == ["ENQUEUED"] * len(deadlines)
+
+        wait_for(all_due, timeout=60, what="the deadlines to fall due")
+        decider = approvals.decider_via_queue(client, timeout=0)
+        with pytest.raises(approvals.ApprovalError, match="waits for a worker"):
+            approvals.decide_pending(decider, refund_id="priority-approved", decision="approve", approver="dana")
+        runtime.stop()
+
+        runtime.start(env.settings(**one))  # one at a time, in queue order
+        assert wait_for_outcome(client, "priority-approved", timeout=60)["status"] == "completed"
+        for refund_id in expiring:
+            assert wait_for_outcome(client, refund_id, timeout=60)["status"] == "rejected"
+
+        def began(workflow_id: str) -> int:  # its first step's start (ms on both backends)
+            return min(step["started_at_epoch_ms"] or 0 for step in client.list_workflow_steps(workflow_id))
+
+        first_deadline = min(began(d) for d in deadlines)
+        assert began("priority-approved/decision") < began("priority-approved/settle") < first_deadline
     finally:
         client.destroy()
         runtime.stop()
