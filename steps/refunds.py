@@ -258,21 +258,16 @@ def escalate_approval_step(refund_id: str, *, text: str) -> bool:
     return True
 
 
-@transaction("refunds.prepare_payment")
-def prepare_payment_step(refund_id: str, order_id: str, *, amount: Decimal, currency: str) -> PaymentPlan:
-    """Reserve the amount against the order right before paying; stamp the first attempt (kept across retries).
+@transaction("refunds.prepare_approved_payment")
+def prepare_approved_payment_step(refund_id: str, *, amount: Decimal, currency: str) -> PaymentPlan:
+    """Reserve an approved refund's amount against its order right before paying; stamp the first attempt
+    (kept across retries). The order comes from the refund's row, and the amount must be the one its
+    approval request asked for (what would be paid never differs from what was approved).
 
     The snapshot counts what other refunds of the order are paying right now as already refunded, so
     two refunds of one order on two workers cannot both pass the balance check. The order's row is
     locked on Postgres; SQLite's IMMEDIATE transactions serialize writers anyway.
     """
-    return _reserve(refund_id, order_id, _locked_order(order_id), amount=amount, currency=currency)
-
-
-@transaction("refunds.prepare_approved_payment")
-def prepare_approved_payment_step(refund_id: str, *, amount: Decimal, currency: str) -> PaymentPlan:
-    """``prepare_payment_step`` for an approved refund: its order comes from its row, and the amount must be
-    the one its approval request asked for (what would be paid never differs from what was approved)."""
     found = (
         session()
         .execute(

@@ -1,8 +1,9 @@
 """Two refunds of one order running at once on two workers.
 
-Policy checks each refund against the order right before paying (``refunds.prepare_payment``), and
-the order's refunded amount only grows after the provider answered (``refunds.record_payment``), so
-the amount being paid is reserved in between. Without the reservation both workers pass the check
+Policy checks each refund against the order right before paying (``refunds.record_verdict_and_reserve``,
+or ``refunds.prepare_approved_payment`` once approved), and the order's refunded amount only grows
+after the provider answered (``refunds.record_payment``), so the amount being paid is reserved in
+between. Without the reservation both workers pass the check
 and a 42.00 order is refunded 42.00 twice; one process alone does not show it (its sync payment step
 holds the event loop), two do.
 """
