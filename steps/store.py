@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -163,6 +165,26 @@ def normalize_url(url: str) -> str:
     return url
 
 
+SQLITE_BUSY_TIMEOUT_S = 30.0
+
+
+def _wal(dbapi_conn: Any) -> None:
+    """Put the file in WAL mode (it stays so). Switching a file that another process is writing, as when
+    two processes start at once on a new file and one migrates it, fails at once with "database is
+    locked": SQLite does not wait on its busy timeout for that lock. So wait here, as long as it would."""
+    if str(dbapi_conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal":
+        return
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    while True:
+        try:
+            dbapi_conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def create_engine(url: str, **kwargs: Any) -> sa.Engine:
     """An engine with the settings DBOS expects; SQLite also gets WAL and synchronous=NORMAL."""
     url = normalize_url(url)
@@ -174,9 +196,9 @@ def create_engine(url: str, **kwargs: Any) -> sa.Engine:
     def _pragmas(dbapi_conn: Any, _record: Any) -> None:
         # Mirrors DBOS's own SQLite set-up, which a custom engine bypasses.
         dbapi_conn.isolation_level = "IMMEDIATE"
-        dbapi_conn.execute("PRAGMA busy_timeout=30000")
+        dbapi_conn.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
         dbapi_conn.execute("PRAGMA foreign_keys=ON")
-        dbapi_conn.execute("PRAGMA journal_mode=WAL")
+        _wal(dbapi_conn)
         dbapi_conn.execute("PRAGMA synchronous=NORMAL")
 
     return engine

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -118,3 +120,22 @@ def test_refund_history_is_the_newest_refunds_and_its_cost_does_not_grow_with_th
         assert work_large <= HISTORY_LIMIT * len(ORDERS)
     # 20x the refunds: a join and sort over all of them would do ~20x the work; the walk does about the same.
     assert work_large < 2 * work_small
+
+
+def test_a_new_sqlite_file_opens_while_another_process_is_migrating_it(tmp_path: Path) -> None:
+    """Two processes starting at once on a new file: one creates tables while the other connects and
+    switches the file to WAL. SQLite answers that switch "database is locked" at once, without its busy
+    timeout; the engine waits for the writer instead of failing the second process's start."""
+    path = tmp_path / "new.sqlite"
+    writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    writer.execute("BEGIN IMMEDIATE")
+    writer.execute("CREATE TABLE migrated (x INTEGER)")
+    done = threading.Timer(0.5, lambda: writer.execute("COMMIT"))
+    done.start()
+    try:
+        with create_engine(f"sqlite:///{path}").connect() as conn:
+            assert conn.execute(sa.text("PRAGMA journal_mode")).scalar() == "wal"
+            assert conn.execute(sa.text("SELECT count(*) FROM migrated")).scalar() == 0
+    finally:
+        done.join()
+        writer.close()
