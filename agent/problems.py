@@ -14,6 +14,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from steps.store import transient_database_error
+
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024
@@ -50,29 +52,6 @@ def problem(status: int, detail: str, *, headers: dict[str, str] | None = None, 
 
 
 RETRY_AFTER_SECONDS = 1
-
-
-def transient_database_error(error: BaseException) -> str | None:
-    """The name of the database error behind ``error`` if retrying the request can succeed, else None.
-
-    Lost or refused connections, a restarting server, deadlocks, serialization failures, timeouts, an
-    exhausted pool, a busy SQLite file: the database did nothing wrong with the request, it just could
-    not finish it now.
-    """
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, sqlalchemy.exc.TimeoutError):  # no pooled connection free in time
-            return type(current).__name__
-        if isinstance(current, sqlalchemy.exc.DBAPIError) and current.connection_invalidated:
-            return type(current.orig).__name__
-        if isinstance(current, psycopg.OperationalError):  # connection, shutdown, deadlock, serialization, timeouts
-            return type(current).__name__
-        if isinstance(current, sqlite3.OperationalError) and ("locked" in str(current) or "busy" in str(current)):
-            return type(current).__name__
-        current = current.__cause__ or current.__context__  # SQLAlchemy raises its errors from the driver's
-    return None
 
 
 def _validation_detail(error: RequestValidationError) -> str:

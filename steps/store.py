@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -12,10 +13,14 @@ from datetime import UTC, datetime
 from functools import wraps
 from typing import Any, Concatenate, Literal, ParamSpec, TypedDict, TypeVar
 
+import psycopg
 import sqlalchemy as sa
+import sqlalchemy.exc
 from dbos import DBOS, SQLAlchemyDatasource
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
+
+log = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -165,6 +170,29 @@ def normalize_url(url: str) -> str:
     return url
 
 
+def transient_database_error(error: BaseException) -> str | None:
+    """The name of the database error behind ``error`` if retrying the request can succeed, else None.
+
+    Lost or refused connections, a restarting server, deadlocks, serialization failures, timeouts, an
+    exhausted pool, a busy SQLite file: the database did nothing wrong with the request, it just could
+    not finish it now.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, sqlalchemy.exc.TimeoutError):  # no pooled connection free in time
+            return type(current).__name__
+        if isinstance(current, sqlalchemy.exc.DBAPIError) and current.connection_invalidated:
+            return type(current.orig).__name__
+        if isinstance(current, psycopg.OperationalError):  # connection, shutdown, deadlock, serialization, timeouts
+            return type(current).__name__
+        if isinstance(current, sqlite3.OperationalError) and ("locked" in str(current) or "busy" in str(current)):
+            return type(current).__name__
+        current = current.__cause__ or current.__context__  # SQLAlchemy raises its errors from the driver's
+    return None
+
+
 SQLITE_BUSY_TIMEOUT_S = 30.0
 
 
@@ -299,19 +327,35 @@ def transaction(name: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
     return decorator
 
 
+#: How long a read step keeps retrying a database that is briefly away (a restart, a failover, a busy file).
+READ_RETRY_SECONDS = 60.0
+
+
 def read_step(name: str) -> Callable[[Callable[Concatenate[sa.Connection, P], R]], Callable[P, R]]:
     """A read of the application database as a DBOS step, checkpointed once, in the system database.
 
     A datasource transaction would also write a checkpoint row into the application database, turning
     a read into a committed write, and check ownership on both databases; a read has nothing to
     commit exactly once (run again after a crash, it only reads again), so it skips all that.
+    Datasource transactions retry a lost connection themselves; a read does the same here for
+    ``READ_RETRY_SECONDS``, so a database restart delays the refund instead of failing its agent turn.
     """
 
     def decorator(func: Callable[Concatenate[sa.Connection, P], R]) -> Callable[P, R]:
         @wraps(func)
         def read(*args: P.args, **kwargs: P.kwargs) -> R:
-            with app_db().engine.connect() as conn:
-                return func(conn, *args, **kwargs)
+            deadline, wait = time.monotonic() + READ_RETRY_SECONDS, 0.1
+            while True:
+                try:
+                    with app_db().engine.connect() as conn:
+                        return func(conn, *args, **kwargs)
+                except Exception as error:
+                    transient = transient_database_error(error)
+                    if transient is None or time.monotonic() + wait > deadline:
+                        raise
+                    log.warning("%s: database unavailable (%s); retrying in %.1fs", name, transient, wait)
+                time.sleep(wait)
+                wait = min(wait * 2, 2.0)
 
         return DBOS.step(name=name)(read)
 

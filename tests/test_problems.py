@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from agent.problems import transient_database_error
+from steps.store import transient_database_error
 
 
 def _engine(path: Path) -> sa.Engine:
