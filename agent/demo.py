@@ -104,7 +104,7 @@ class Demo:
         pending = wait_for(lambda: parked(client, REFUND_ID), timeout=60, what="the refund to park")
         self.say(
             f"agent proposed {pending['amount']} {pending['currency']}; policy: above the auto-approve limit "
-            "-> parked for approval: its workflow ended; a DELAYED deadline row is all that waits"
+            "-> parked for approval: its workflow ended; rows wait (the request, DELAYED deadline and reminder)"
         )
         decider = approvals.decider_via_queue(client)
         result = approvals.decide_pending(decider, refund_id=REFUND_ID, decision="approve", approver="dana@support")
