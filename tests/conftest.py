@@ -134,6 +134,16 @@ class Env:
     def app_engine(self) -> sa.Engine:
         return create_engine(self.dbs.app_url)
 
+    def cut_app_database_sessions(self) -> int:
+        """End every server session on the application database (Postgres), as a restart or failover does."""
+        name = self.dbs.app_url.rsplit("/", 1)[1]
+        with psycopg.connect(PG_SERVER.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as conn:
+            cut = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                (name,),
+            ).fetchall()
+        return len(cut)
+
 
 @pytest.fixture(params=BACKENDS)
 def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:

@@ -17,7 +17,6 @@ from typing import Any
 from urllib.parse import urlencode
 
 import httpx
-import psycopg
 import pytest
 import sqlalchemy as sa
 
@@ -26,7 +25,7 @@ from agent.processes import child_env, free_port, http_ok, spawn, stop, wait_for
 from steps.seed import seed
 from steps.store import app_db, close_app_database, open_app_database
 from tests.capture import CaptureServer
-from tests.conftest import PG_SERVER, Env
+from tests.conftest import Env
 
 TOKEN = "test-api-token"
 SECRET = b"test-signing-secret"
@@ -312,17 +311,6 @@ def test_twenty_concurrent_submits_with_one_key_make_one_refund(env: Env, server
     assert len(env.sandbox.refunds("ch_ord_1001")) == 1
 
 
-def _cut_app_database_connections(env: Env) -> int:
-    """End every server session on the application database, as a Postgres restart or failover would."""
-    name = env.dbs.app_url.rsplit("/", 1)[1]
-    with psycopg.connect(PG_SERVER.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as conn:
-        cut = conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
-            (name,),
-        ).fetchall()
-    return len(cut)
-
-
 def test_lost_database_connections_answer_503_then_the_retry_succeeds_and_a_stop_is_clean(
     env: Env, server: Server
 ) -> None:
@@ -335,7 +323,7 @@ def test_lost_database_connections_answer_503_then_the_retry_succeeds_and_a_stop
     # before the request does; cut and submit again until a request is the one that meets it.
     for attempt in range(10):
         server.status(warm)  # the pool holds a live connection again
-        assert _cut_app_database_connections(env) > 0
+        assert env.cut_app_database_sessions() > 0
         key = f"http-cut-{attempt:04d}"
         answered[key] = server.submit(key, "ord_1002", amount="1.00", currency="USD")
         if answered[key].status_code == 503:
@@ -354,7 +342,7 @@ def test_lost_database_connections_answer_503_then_the_retry_succeeds_and_a_stop
     assert sorted(paid) == sorted(answered)
     # A stop right after another cut still drains, releases the executor lease and exits 0.
     server.status(warm)
-    assert _cut_app_database_connections(env) > 0
+    assert env.cut_app_database_sessions() > 0
     assert server.proc is not None
     server.proc.send_signal(signal.SIGTERM)
     assert server.proc.wait(60) == 0

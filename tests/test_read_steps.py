@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import psycopg
 import pytest
 import sqlalchemy as sa
 
@@ -17,7 +16,7 @@ from steps import store
 from steps.migrate import upgrade
 from steps.orders import load_order_step
 from steps.seed import seed
-from tests.conftest import PG_SERVER, Env
+from tests.conftest import Env
 
 
 @pytest.fixture
@@ -31,23 +30,13 @@ def app_database(env: Env) -> Iterator[store.AppDatabase]:
         store.close_app_database()
 
 
-def _cut_sessions(database: str) -> int:
-    """End every server session on ``database``, as a Postgres restart or failover does."""
-    with psycopg.connect(PG_SERVER.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as conn:
-        cut = conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
-            (database,),
-        ).fetchall()
-    return len(cut)
-
-
 def test_a_read_step_reads_again_after_its_connections_were_cut(
     env: Env, app_database: store.AppDatabase, caplog: pytest.LogCaptureFixture
 ) -> None:
     if env.backend != "postgres":
         pytest.skip("cuts Postgres sessions")
     assert load_order_step("ord_1001") is not None  # the pool now holds a live connection
-    assert _cut_sessions(env.dbs.app_url.rsplit("/", 1)[1]) > 0
+    assert env.cut_app_database_sessions() > 0
     snapshot = load_order_step("ord_1001")
     assert snapshot is not None and snapshot.order.order_id == "ord_1001"
     assert "orders.load_order: database unavailable" in caplog.text  # it met the cut connection
