@@ -140,7 +140,7 @@ def _with_links(svc: Services, status: dict[str, Any]) -> dict[str, Any]:
 @router.get("/refunds/{refund_id}", tags=["refunds"])
 def get_refund(refund_id: str, svc: ServicesDep) -> dict[str, Any]:
     """Status, amounts, approval, payment and the DBOS step timeline of one refund."""
-    status = refund_status(svc.client, refund_id)
+    status = refund_status(svc.client, refund_id, prices=svc.settings.refund_agent_model_prices)
     if status is None:
         raise Problem(404, f"no refund {refund_id}")
     return _with_links(svc, status)

@@ -128,7 +128,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from agent.status import refund_status
 
     client = _open()
-    status = refund_status(client, args.refund_id)
+    status = refund_status(client, args.refund_id, prices=get_settings().refund_agent_model_prices)
     if status is None:
         print(f"no refund {args.refund_id}", file=sys.stderr)
         return 1

@@ -5,7 +5,8 @@ Two kinds, so that adding processes never double-counts:
 - **Cluster state, read from the databases at scrape time** (only the API's ``/metrics`` serves these,
   so scrape one API process for them): refunds by outcome and by in-progress status, parked approvals
   (escalated ones, and ones past their deadline that the deadline workflow has not closed yet), the time
-  approvals waited, and the depth of the ``refunds`` and ``approvals`` queues in DBOS's system database.
+  approvals waited, the depth of the ``refunds`` and ``approvals`` queues in DBOS's system database, and
+  the model requests, tokens and (with a price configured) cost that deciding refunds took, by model.
 - **Process counters** (every process; workers serve them on ``REFUND_AGENT_METRICS_PORT``): payment
   retries, counted from DBOS's retry of the payment step.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,7 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from agent.settings import Settings
+from agent.settings import ModelPrice, Settings
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +68,15 @@ def _as_datetime(value: Any) -> datetime | None:
 class ClusterCollector(Collector):
     """Reads the cluster's state from the application and DBOS system databases on every scrape."""
 
-    def __init__(self, app_engine: sa.Engine, client: Any, queues: Sequence[str]) -> None:
+    def __init__(
+        self,
+        app_engine: sa.Engine,
+        client: Any,
+        queues: Sequence[str],
+        prices: Mapping[str, ModelPrice] | None = None,
+    ) -> None:
         self.app_engine, self.client, self.queues = app_engine, client, tuple(queues)
+        self.prices = dict(prices or {})
 
     def collect(self) -> Iterator[Metric]:
         from steps.store import approval_decisions, approval_requests, refunds
@@ -91,6 +99,16 @@ class ClusterCollector(Collector):
             )
             escalated = conn.execute(open_requests.where(approval_requests.c.escalated_at.is_not(None))).scalar_one()
             overdue = conn.execute(open_requests.where(approval_requests.c.expires_at < now)).scalar_one()
+            usage = conn.execute(
+                sa.select(
+                    refunds.c.model,
+                    sa.func.sum(refunds.c.model_requests),
+                    sa.func.sum(refunds.c.input_tokens),
+                    sa.func.sum(refunds.c.output_tokens),
+                )
+                .where(refunds.c.model_requests.is_not(None))
+                .group_by(refunds.c.model)
+            ).all()
         outcomes = CounterMetricFamily(
             "refund_agent_refunds", "Refunds that reached an outcome, by outcome.", labels=["outcome"]
         )
@@ -120,6 +138,7 @@ class ClusterCollector(Collector):
             value=overdue,
         )
         yield self._approval_waits(waits)
+        yield from self._model_usage(usage)
         depth = GaugeMetricFamily(
             "refund_agent_queue_depth", "Workflows on a queue, by queue and DBOS status.", labels=["queue", "status"]
         )
@@ -130,6 +149,30 @@ class ClusterCollector(Collector):
                 )
                 depth.add_metric([queue, status], len(found))
         yield depth
+
+    def _model_usage(self, rows: Sequence[Any]) -> Iterator[Metric]:
+        requests = CounterMetricFamily(
+            "refund_agent_model_requests", "Model requests made deciding refunds, by model.", labels=["model"]
+        )
+        tokens = CounterMetricFamily(
+            "refund_agent_model_tokens", "Tokens spent deciding refunds, by model and kind.", labels=["model", "kind"]
+        )
+        cost = CounterMetricFamily(
+            "refund_agent_model_cost",
+            "What deciding refunds cost at the model, by model and currency (models with a configured price).",
+            labels=["model", "currency"],
+        )
+        for model, made, tokens_in, tokens_out in rows:
+            label = model or "unknown"
+            requests.add_metric([label], int(made or 0))
+            tokens.add_metric([label, "input"], int(tokens_in or 0))
+            tokens.add_metric([label, "output"], int(tokens_out or 0))
+            price = self.prices.get(model or "")
+            if price is not None:
+                cost.add_metric([label, price.currency], float(price.cost(int(tokens_in or 0), int(tokens_out or 0))))
+        yield requests
+        yield tokens
+        yield cost
 
     @staticmethod
     def _approval_waits(rows: Sequence[Any]) -> HistogramMetricFamily:
@@ -159,10 +202,12 @@ class ClusterCollector(Collector):
         return family
 
 
-def api_registry(app_engine: sa.Engine, client: Any, queues: Sequence[str]) -> CollectorRegistry:
+def api_registry(
+    app_engine: sa.Engine, client: Any, queues: Sequence[str], prices: Mapping[str, ModelPrice] | None = None
+) -> CollectorRegistry:
     """What the API's ``/metrics`` serves: cluster state plus this process's counters."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ClusterCollector(app_engine, client, queues))
+    registry.register(ClusterCollector(app_engine, client, queues, prices))
     registry.register(_ProcessCollector())
     install_process_metrics()
     return registry

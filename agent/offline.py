@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Any
@@ -21,6 +22,7 @@ OFFLINE_MODEL_NAME = "offline model"
 _ORDER = re.compile(r"Refund request for order (\S+)\.")
 _ASKED = re.compile(r"Requested amount: ([0-9.]+)")
 _MESSAGE = re.compile(r"<<<\n(.*)\n>>>", re.S)
+_CASE = re.compile(r"^Case file \(JSON, from our systems\): (.*)$", re.M)
 _NUMBER = re.compile(r"(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+)(\.\d{1,2})?(?![\w])")
 
 
@@ -78,6 +80,40 @@ def _reply(verdict: dict[str, Any], amount: str, currency: str) -> str:
 
 
 def offline_model_function(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """One answer from the case file in the prompt; with the look-up tools (agent.legacy), their sequence."""
+    if any(tool.name == "get_order" for tool in info.function_tools):
+        return _legacy_function(messages, info)
+    prompt = _prompt(messages)
+    order_id = _first_group(_ORDER, prompt)
+    case = json.loads(_first_group(_CASE, prompt) or "{}")
+    currency = case.get("currency") or "USD"
+    refundable = Decimal(case.get("refundable_now") or "0")
+    blockers = list(case.get("blockers") or [])
+    if blockers or refundable <= 0:
+        amount = "0"
+        verdict: dict[str, Any] = {"verdict": "refuse", "reasons": blockers or ["nothing is refundable"]}
+    else:
+        asked = _first_group(_ASKED, prompt)
+        message = _first_group(_MESSAGE, prompt)
+        wanted = Decimal(asked) if asked else _amount_from_text(message, refundable)
+        amount = str(wanted)
+        if wanted > refundable:
+            verdict = {"verdict": "refuse", "reasons": [f"at most {refundable} {currency} can be refunded"]}
+        elif wanted > Decimal(case.get("paid_without_review_up_to") or "0"):
+            verdict = {"verdict": "needs_approval"}
+        else:
+            verdict = {"verdict": "auto_approve"}
+    output = {
+        "amount": amount,
+        "currency": currency,
+        "reason": f"Offline model: customer asked about order {order_id}; proposing {amount} {currency} "
+        f"({verdict.get('verdict')}).",
+        "customer_reply": _reply(verdict, amount, currency),
+    }
+    return ModelResponse(parts=[ToolCallPart(info.output_tools[0].name, output)], model_name=OFFLINE_MODEL_NAME)
+
+
+def _legacy_function(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     prompt = _prompt(messages)
     order_id = _first_group(_ORDER, prompt)
     returns = _returns(messages)

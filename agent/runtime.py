@@ -135,7 +135,8 @@ def start(settings: Settings | None = None, *, worker: bool = True, migrate: boo
         Agent.instrument_all(InstrumentationSettings(include_content=False, include_binary_content=False))
     model, label = select_model(settings)
     agent = _agents.get(label) or _agents.setdefault(label, build_agent(model))
-    for module in ("agent.workflow", "agent.approval_workflows"):  # registered before launch, for recovery
+    # Workflows are registered before launch, for recovery.
+    for module in ("agent.workflow", "agent.legacy", "agent.approval_workflows"):
         importlib.import_module(module)
     lease_engine = heartbeat.lease_engine(settings.app_database_url)
     lease = heartbeat.claim(

@@ -74,7 +74,8 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Fast
         from agent.approval_workflows import decide_here
 
         app.state.services = api.Services(settings, client, rt.limits, token, settings.signing_secret(), decide_here)
-        app.state.metrics = metrics.api_registry(app_db().engine, client, runtime.QUEUES)
+        prices = settings.refund_agent_model_prices
+        app.state.metrics = metrics.api_registry(app_db().engine, client, runtime.QUEUES, prices)
         console.setup(app, settings)
         try:
             yield

@@ -10,10 +10,22 @@ from functools import cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent import __version__
+
+
+class ModelPrice(BaseModel):
+    """What a model's tokens cost, per million, in ``currency``."""
+
+    input_per_million: Decimal = Field(ge=0)
+    output_per_million: Decimal = Field(ge=0)
+    currency: str = "USD"
+
+    def cost(self, input_tokens: int, output_tokens: int) -> Decimal:
+        spent = input_tokens * self.input_per_million + output_tokens * self.output_per_million
+        return (spent / 1_000_000).quantize(Decimal("0.000001"))
 
 
 class Settings(BaseSettings):
@@ -33,6 +45,9 @@ class Settings(BaseSettings):
     refund_agent_model_base_url: str | None = None
     """Base URL of an OpenAI-compatible server (Ollama, vLLM); the model name comes from REFUND_AGENT_MODEL."""
     refund_agent_model_api_key: SecretStr | None = None
+    refund_agent_model_prices: dict[str, ModelPrice] = Field(default_factory=dict)
+    """Per model (as labelled in the refund's record), what tokens cost, e.g.
+    ``{"openai:gpt-5.2": {"input_per_million": "1.25", "output_per_million": "10.00"}}``. Unset: no cost shown."""
 
     refund_agent_executor_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-0")
     """Unset: the first ``<hostname>-<index>`` whose lease is free (see ``executor_id_pinned``)."""

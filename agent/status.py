@@ -9,8 +9,9 @@ something is running, stopped, or finished and with which outcome.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from dbos import DBOSClient, WorkflowStatus
@@ -19,6 +20,9 @@ from agent.approvals import deadline_id, escalation_id, family, request_view, se
 from steps.records import from_minor
 from steps.refunds import approval_request, recorded_decision
 from steps.store import app_db, refunds
+
+if TYPE_CHECKING:
+    from agent.settings import ModelPrice
 
 _TERMINAL = {"CANCELLED": "cancelled", "ERROR": "failed", "MAX_RECOVERY_ATTEMPTS_EXCEEDED": "failed"}
 _ACTIVE = ("ENQUEUED", "PENDING", "DELAYED")
@@ -102,7 +106,25 @@ def _timer(workflows: list[WorkflowStatus], workflow_id: str) -> dict[str, Any] 
     return {"workflow_id": wf.workflow_id, "status": wf.status, "due_at": _ms(wf.delay_until_epoch_ms)}
 
 
-def refund_status(client: DBOSClient, refund_id: str) -> dict[str, Any] | None:
+def usage_view(row: Any, prices: Mapping[str, ModelPrice] | None) -> dict[str, Any] | None:
+    """What deciding the refund cost at the model; with a price for the model, in money too."""
+    if row is None or row.model_requests is None:
+        return None
+    price = (prices or {}).get(row.model or "")
+    cost = price.cost(row.input_tokens or 0, row.output_tokens or 0) if price else None
+    return {
+        "model": row.model,
+        "requests": row.model_requests,
+        "input_tokens": row.input_tokens,
+        "output_tokens": row.output_tokens,
+        "cost": {"amount": str(cost), "currency": price.currency} if price and cost is not None else None,
+    }
+
+
+def refund_status(
+    client: DBOSClient, refund_id: str, *, prices: Mapping[str, ModelPrice] | None = None
+) -> dict[str, Any] | None:
+    """``prices``: per model, what its tokens cost (settings); without one the usage has no cost."""
     with app_db().engine.connect() as conn:
         row = conn.execute(sa.select(refunds).where(refunds.c.refund_id == refund_id)).first()
         decision = recorded_decision(conn, refund_id)
@@ -126,6 +148,7 @@ def refund_status(client: DBOSClient, refund_id: str) -> dict[str, Any] | None:
         "reason": row.reason if row else None,
         "customer_reply": row.customer_reply if row else None,
         "model": row.model if row else None,
+        "usage": usage_view(row, prices),
         "approval": {
             "requested": pending,
             "request": request_view(request) if request else None,

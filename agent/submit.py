@@ -75,9 +75,12 @@ def submit_refund(
     )
     if claim.request_hash != digest:
         raise SubmissionError(409, "this Idempotency-Key was already used with a different request body")
+    name = REFUND_WORKFLOW
+    if not claim.created:  # a refund started before the case file runs on under its first name (agent.legacy)
+        name = next((w.name for w in client.list_workflows(workflow_ids=[idempotency_key])), name)
     options: EnqueueOptions = {
         "queue_name": REFUND_QUEUE,
-        "workflow_name": REFUND_WORKFLOW,
+        "workflow_name": name,
         "workflow_id": idempotency_key,
     }
     if app_version is not None:

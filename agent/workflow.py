@@ -12,6 +12,7 @@ from decimal import Decimal
 from typing import Any
 
 from dbos import DBOS
+from pydantic_ai.usage import RunUsage
 
 from agent import approvals, policy
 from agent.approval_workflows import start_timers
@@ -21,15 +22,16 @@ from agent.offloop import call
 from agent.runtime import Runtime, current
 from steps.faults import crash_point
 from steps.notify import CustomerMessage, notify_approvers_step, slack_approvers_step, slack_enabled
-from steps.orders import load_order_step
+from steps.orders import review_case_step
 from steps.payments import idempotency_key, issue_refund_step
-from steps.records import OrderSnapshot
+from steps.records import ModelUsage, OrderSnapshot
 from steps.refunds import (
     PaymentPlan,
     open_approval_step,
     prepare_approved_payment_step,
     record_outcome_step,
     record_payment_step,
+    record_refusal_step,
     record_verdict_and_reserve_step,
     record_verdict_step,
     standing_decision_step,
@@ -37,43 +39,76 @@ from steps.refunds import (
 
 log = logging.getLogger(__name__)
 
-# Durable name: recorded with every workflow; never rename it.
-REFUND_WORKFLOW = "refund_workflow"
+# Durable name: recorded with every workflow; never rename it. (Refunds started before the case file
+# run as ``refund_workflow``, agent/legacy.py.)
+REFUND_WORKFLOW = "refund"
 #: How long a continuation waits for the decision its decision workflow sends right after starting it.
 HANDOVER_TIMEOUT_SECONDS = 30.0
 
 
 @DBOS.workflow(name=REFUND_WORKFLOW)
 async def refund_workflow(refund_id: str, request: dict[str, Any]) -> dict[str, Any]:
-    """Agent proposes -> policy decides -> pay now, refuse, or park for a person and end."""
+    """Case file -> agent proposes -> policy decides -> pay now, refuse, or park for a person and end."""
     rt = current()
     req = RefundRequest.model_validate(request)
-    deps = AgentDeps(refund_id, req, rt.limits)
+    case = await call(review_case_step, req.order_id)
+    deps = AgentDeps(refund_id, req, rt.limits, snapshot=case.snapshot)
+    usage = RunUsage()
     try:
-        proposal = (await rt.agent.run(prompt_for(req), deps=deps)).output
+        run = await rt.agent.run(prompt_for(refund_id, req, case, rt.limits), deps=deps, usage=usage)
     except Exception as error:  # the model failed or misbehaved through its retries: nothing was paid
-        log.error("refund %s: the agent could not decide: %s", refund_id, type(error).__name__)
-        detail = f"the agent could not decide ({type(error).__name__}); fork the workflow to retry"
-        return await finish(refund_id, Phase.FAILED, detail, reply=None)
-    # The agent's own read of the order (a step) is the one policy judges.
-    snapshot = deps.snapshot if deps.snapshot is not None else await call(load_order_step, req.order_id)
+        return await undecided(rt, refund_id, error, usage)
+    return await act_on(rt, refund_id, req, run.output, case.snapshot, usage)
+
+
+async def undecided(rt: Runtime, refund_id: str, error: Exception, usage: RunUsage) -> dict[str, Any]:
+    log.error("refund %s: the agent could not decide: %s", refund_id, type(error).__name__)
+    detail = f"the agent could not decide ({type(error).__name__}); fork the workflow to retry"
+    return await finish(refund_id, Phase.FAILED, detail, reply=None, usage=usage_record(usage, rt.model_label))
+
+
+async def act_on(
+    rt: Runtime,
+    refund_id: str,
+    req: RefundRequest,
+    proposal: RefundProposal,
+    snapshot: OrderSnapshot | None,
+    usage: RunUsage,
+    *,
+    legacy: bool = False,
+) -> dict[str, Any]:
+    """Policy judges the proposal against the order as the case file's step read it; then pay, refuse or park."""
+    crash_point("after_model_response")
     verdict = policy_verdict(proposal, snapshot, rt.limits)
-    record = {"proposal": proposal.model_dump(mode="json"), "verdict": verdict.model_dump(mode="json")}
+    record: dict[str, Any] = {
+        "proposal": proposal.model_dump(mode="json"),
+        "verdict": verdict.model_dump(mode="json"),
+        "model": rt.model_label,
+        "usage": usage_record(usage, rt.model_label),
+    }
     if verdict.kind == "auto_approve":  # nothing to wait for: the verdict and the reservation commit together
         plan = await call(
             record_verdict_and_reserve_step,
             refund_id,
             req.order_id,
             **record,
-            model=rt.model_label,
             amount=verdict.amount,
             currency=verdict.currency,
         )
         return await pay(rt, refund_id, verdict.amount, verdict.currency, plan, reply=proposal.customer_reply)
-    if verdict.kind == "refuse":
-        await call(record_verdict_step, refund_id, **record, model=rt.model_label)
+    if verdict.kind == "refuse" and legacy:  # as recorded before record_refusal: two steps
+        await call(record_verdict_step, refund_id, **record)
         return await finish(refund_id, Phase.REJECTED, verdict.summary, reply=proposal.customer_reply)
+    if verdict.kind == "refuse":  # the verdict, the outcome and the customer's message commit together
+        await call(record_refusal_step, refund_id, **record, detail=verdict.summary, reply=proposal.customer_reply)
+        return {"refund_id": refund_id, "status": Phase.REJECTED.value, "detail": verdict.summary}
     return await park(rt, refund_id, verdict, proposal, record)
+
+
+def usage_record(usage: RunUsage, model: str) -> ModelUsage:
+    return ModelUsage(
+        model=model, requests=usage.requests, input_tokens=usage.input_tokens, output_tokens=usage.output_tokens
+    )
 
 
 async def park(
@@ -85,7 +120,6 @@ async def park(
         open_approval_step,
         refund_id,
         **record,
-        model=rt.model_label,
         amount=verdict.amount,
         currency=verdict.currency,
         reason=proposal.reason,
@@ -164,11 +198,13 @@ async def pay(
     }
 
 
-async def finish(refund_id: str, phase: Phase, detail: str, *, reply: str | None) -> dict[str, Any]:
+async def finish(
+    refund_id: str, phase: Phase, detail: str, *, reply: str | None, usage: ModelUsage | None = None
+) -> dict[str, Any]:
     """End without paying: the outcome and the customer's message commit together."""
     status = phase.value
     assert status in ("rejected", "failed", "cancelled")
-    await call(record_outcome_step, refund_id, status=status, detail=detail, reply=reply)  # type: ignore[arg-type]
+    await call(record_outcome_step, refund_id, status=status, detail=detail, reply=reply, usage=usage)  # type: ignore[arg-type]
     return {"refund_id": refund_id, "status": status, "detail": detail}
 
 

@@ -10,7 +10,7 @@ log = logging.getLogger(__name__)
 
 CRASH_POINTS = frozenset(
     {
-        "after_model_response",  # the first model answer is checkpointed; a tool is about to run
+        "after_model_response",  # the model's answer is checkpointed; policy is about to judge it
         "before_provider_call",  # inside the payment step, before the refund is sent
         "after_provider_call",  # the provider applied the refund; the step has not checkpointed
         "after_decision_recorded",  # the decision workflow recorded the decision; the continuation does not exist

@@ -8,7 +8,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from steps.records import Order, OrderSnapshot, PastRefund, from_minor
+from steps.records import CaseFile, Order, OrderSnapshot, PastRefund, from_minor
 from steps.store import customers, orders, read_step, refunds, utc
 
 
@@ -88,6 +88,20 @@ def walk_indexes_in_order(conn: sa.Connection | Session) -> None:
 @read_step("orders.refund_history")
 def refund_history_step(conn: sa.Connection, customer_id: str) -> list[PastRefund]:
     """The customer's earlier refund requests across all their orders, newest first."""
+    return _history(conn, customer_id)
+
+
+@read_step("orders.review_case")
+def review_case_step(conn: sa.Connection, order_id: str) -> CaseFile:
+    """Everything the agent judges a refund on, in one read: the order as it is now and the customer's refunds."""
+    row = conn.execute(ORDER_QUERY.where(orders.c.order_id == order_id)).first()
+    if row is None:
+        return CaseFile(snapshot=None)
+    snapshot = OrderSnapshot(order=order_from_row(row), as_of=datetime.now(UTC))
+    return CaseFile(snapshot=snapshot, history=_history(conn, snapshot.order.customer_id))
+
+
+def _history(conn: sa.Connection, customer_id: str) -> list[PastRefund]:
     walk_indexes_in_order(conn)
     rows = conn.execute(refund_history_query(customer_id, conn.dialect.name))
     return [

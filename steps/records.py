@@ -80,6 +80,24 @@ class PastRefund(Record):
     created_at: datetime
 
 
+class ModelUsage(Record):
+    """What deciding one refund cost at the model: requests and tokens (Pydantic AI's RunUsage)."""
+
+    model: str
+    requests: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+class CaseFile(Record):
+    """What a refund is judged on, read in one step: the order as of now and its customer's refunds."""
+
+    snapshot: OrderSnapshot | None
+    """None: no such order."""
+    history: list[PastRefund] = []
+    """The customer's newest refund requests across their orders, newest first."""
+
+
 class ProviderRefund(Record):
     provider_refund_id: str
     amount: Decimal

@@ -12,7 +12,15 @@ from pydantic import BaseModel, ConfigDict
 from steps import audit
 from steps.notify import CustomerMessage, queue_approvers_message, queue_customer_message
 from steps.orders import ORDER_QUERY, order_from_row
-from steps.records import ApprovalRecord, ApprovalRequest, OrderSnapshot, ProviderRefund, from_minor, to_minor
+from steps.records import (
+    ApprovalRecord,
+    ApprovalRequest,
+    ModelUsage,
+    OrderSnapshot,
+    ProviderRefund,
+    from_minor,
+    to_minor,
+)
 from steps.store import (
     app_db,
     approval_decisions,
@@ -88,7 +96,15 @@ def _touch(refund_id: str, now: datetime, **values: Any) -> None:
     session().execute(refunds.update().where(refunds.c.refund_id == refund_id).values(updated_at=now, **values))
 
 
-def _record_verdict(refund_id: str, proposal: dict[str, Any], verdict: dict[str, Any], model: str) -> None:
+def _usage_values(usage: ModelUsage | None) -> dict[str, Any]:
+    if usage is None:  # recorded by a refund started before usage was kept
+        return {}
+    return {"model_requests": usage.requests, "input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens}
+
+
+def _record_verdict(
+    refund_id: str, proposal: dict[str, Any], verdict: dict[str, Any], model: str, usage: ModelUsage | None
+) -> None:
     now = datetime.now(UTC)
     currency = str(proposal["currency"])
     amount = Decimal(str(proposal["amount"]))
@@ -101,14 +117,35 @@ def _record_verdict(refund_id: str, proposal: dict[str, Any], verdict: dict[str,
         customer_reply=str(proposal["customer_reply"]),
         model=model,
         status="deciding",
+        **_usage_values(usage),
     )
-    audit.append(session(), refund_id=refund_id, event="agent_proposed", payload={**proposal, "model": model}, now=now)
+    payload = {**proposal, "model": model, **({"usage": usage.model_dump()} if usage else {})}
+    audit.append(session(), refund_id=refund_id, event="agent_proposed", payload=payload, now=now)
     audit.append(session(), refund_id=refund_id, event="policy_verdict", payload=verdict, now=now)
 
 
 @transaction("refunds.record_verdict")
-def record_verdict_step(refund_id: str, *, proposal: dict[str, Any], verdict: dict[str, Any], model: str) -> None:
-    _record_verdict(refund_id, proposal, verdict, model)
+def record_verdict_step(
+    refund_id: str, *, proposal: dict[str, Any], verdict: dict[str, Any], model: str, usage: ModelUsage | None = None
+) -> None:
+    """A refused verdict, recorded alone (refunds started before ``record_refusal``)."""
+    _record_verdict(refund_id, proposal, verdict, model, usage)
+
+
+@transaction("refunds.record_refusal")
+def record_refusal_step(
+    refund_id: str,
+    *,
+    proposal: dict[str, Any],
+    verdict: dict[str, Any],
+    model: str,
+    usage: ModelUsage | None,
+    detail: str,
+    reply: str | None,
+) -> None:
+    """A refused refund ends here: the verdict, the outcome and the customer's message commit together."""
+    _record_verdict(refund_id, proposal, verdict, model, usage)
+    _record_outcome(refund_id, datetime.now(UTC), status="rejected", detail=detail, reply=reply)
 
 
 @transaction("refunds.open_approval")
@@ -118,6 +155,7 @@ def open_approval_step(
     proposal: dict[str, Any],
     verdict: dict[str, Any],
     model: str,
+    usage: ModelUsage | None = None,
     amount: Decimal,
     currency: str,
     reason: str,
@@ -128,7 +166,7 @@ def open_approval_step(
 
     A fork that runs this step again keeps the first request (and its deadlines)."""
     now = datetime.now(UTC)
-    _record_verdict(refund_id, proposal, verdict, model)
+    _record_verdict(refund_id, proposal, verdict, model, usage)
     values = {
         "refund_id": refund_id,
         "amount_minor": to_minor(amount, currency),
@@ -295,6 +333,7 @@ def record_verdict_and_reserve_step(
     proposal: dict[str, Any],
     verdict: dict[str, Any],
     model: str,
+    usage: ModelUsage | None = None,
     amount: Decimal,
     currency: str,
 ) -> PaymentPlan:
@@ -304,7 +343,7 @@ def record_verdict_and_reserve_step(
     ``record_payment`` takes the two in that order, and the reverse order deadlocks against it.
     """
     order = _locked_order(order_id)
-    _record_verdict(refund_id, proposal, verdict, model)
+    _record_verdict(refund_id, proposal, verdict, model, usage)
     return _reserve(refund_id, order_id, order, amount=amount, currency=currency)
 
 
@@ -373,8 +412,11 @@ def record_payment_step(
         queue_customer_message(refund_id, notify)
 
 
-def _record_outcome(refund_id: str, now: datetime, *, status: str, detail: str, reply: str | None) -> None:
-    _touch(refund_id, now, status=status, reserved_amount_minor=None)  # whatever was held is released
+def _record_outcome(
+    refund_id: str, now: datetime, *, status: str, detail: str, reply: str | None, usage: ModelUsage | None = None
+) -> None:
+    values = {"model": usage.model, **_usage_values(usage)} if usage is not None else {}
+    _touch(refund_id, now, status=status, reserved_amount_minor=None, **values)  # whatever was held is released
     audit.append(session(), refund_id=refund_id, event=f"refund_{status}", payload={"detail": detail}, now=now)
     if reply is not None:
         customer = (
@@ -396,6 +438,7 @@ def record_outcome_step(
     status: Literal["rejected", "failed", "cancelled"],
     detail: str,
     reply: str | None = None,
+    usage: ModelUsage | None = None,
 ) -> None:
     """Record how the refund ended without paying; queue ``reply`` to its customer with it."""
-    _record_outcome(refund_id, datetime.now(UTC), status=status, detail=detail, reply=reply)
+    _record_outcome(refund_id, datetime.now(UTC), status=status, detail=detail, reply=reply, usage=usage)

@@ -64,6 +64,10 @@ refunds = sa.Table(
     sa.Column("reason", sa.Text),
     sa.Column("customer_reply", sa.Text),
     sa.Column("model", sa.String(200)),
+    # What deciding the refund cost at the model (migration 0007); NULL before it was recorded.
+    sa.Column("model_requests", sa.Integer),
+    sa.Column("input_tokens", sa.BigInteger),
+    sa.Column("output_tokens", sa.BigInteger),
     sa.Column("provider_refund_id", sa.String(64)),
     sa.Column("idempotency_key", sa.String(300)),
     sa.Column("payment_started_at", sa.DateTime(timezone=True)),

@@ -28,9 +28,10 @@ _CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
 
 class ConsoleServer(ThreadedServer):
-    def __init__(self, env: Env) -> None:
+    def __init__(self, env: Env, **overrides: Any) -> None:
         port = free_port()
         self.settings = env.settings(
+            **overrides,
             refund_agent_operators=OPERATORS,
             refund_agent_session_secret="test-session-secret",
             refund_agent_api_token="test-api-token",
@@ -61,8 +62,9 @@ def csrf_of(http: httpx.Client, path: str = "/console/login") -> str:
 
 
 @contextmanager
-def console_server(env: Env) -> Iterator[tuple[ConsoleServer, DBOSClient]]:
-    server = ConsoleServer(env)
+def console_server(env: Env, **overrides: Any) -> Iterator[tuple[ConsoleServer, DBOSClient]]:
+    """``overrides``: settings on top of the console's own (operators, secrets, port)."""
+    server = ConsoleServer(env, **overrides)
     server.start()
     try:
         seed(app_db().engine)  # the Postgres half starts empty; the embedded default seeded itself

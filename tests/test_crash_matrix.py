@@ -21,13 +21,13 @@ from agent.domain import RefundRequest
 from agent.processes import child_env, spawn, stop, wait_for
 from agent.status import parked, wait_for_outcome
 from agent.submit import submit_refund
+from sandbox.model import FakeOpenAIServer, ScriptedModel
 from steps import audit
 from steps.seed import seed
 from steps.store import app_db, close_app_database, open_app_database
 from tests.conftest import Env
-from tests.fake_openai import FakeOpenAIServer, ScriptedModel
 
-MODEL_REQUESTS_PER_REFUND = 4  # get_order, get_refund_history, request_refund, final answer
+MODEL_REQUESTS_PER_REFUND = 1  # the answer: the case file was read before the model was asked
 
 # case -> (kill point, order, needs approval, provider create calls expected). On the approval path the
 # first worker is armed from the start: the deciding workflow parks without paying, so a payment kill

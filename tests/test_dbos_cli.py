@@ -45,10 +45,10 @@ def dbos(env: Env, cwd: Path, *args: str) -> Any:
 def test_dbos_cli_lists_gets_and_shows_the_steps_of_a_refund(env: Env, client: DBOSClient, tmp_path: Path) -> None:
     refund_id = submit(client, "dbos-cli-get-01", "ord_1001")
     wait_for_outcome(client, refund_id)
-    listed = dbos(env, tmp_path, "list", "--name", "refund_workflow")
+    listed = dbos(env, tmp_path, "list", "--name", "refund")
     assert [w["workflow_id"] for w in listed] == [refund_id]
     got = dbos(env, tmp_path, "get", refund_id)
-    assert got["status"] == "SUCCESS" and got["name"] == "refund_workflow" and got["executor_id"] == "test-executor"
+    assert got["status"] == "SUCCESS" and got["name"] == "refund" and got["executor_id"] == "test-executor"
     steps = dbos(env, tmp_path, "steps", refund_id)
     names = [s["function_name"] for s in steps]
     assert names.index("refunds.record_verdict_and_reserve") < names.index("payments.issue_refund")

@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic_ai import Agent, RunContext, Tool
-from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, ToolCallPart, ToolReturnPart, UserPromptPart
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, ToolCallPart, UserPromptPart
 from pydantic_ai.models import override_allow_model_requests
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from agent import brain, policy
 from agent.brain import AgentDeps
-from agent.domain import RefundProposal
+from agent.domain import RefundProposal, RefundRequest
 from agent.evals.__main__ import main
 from agent.evals.cases import EvalCase, load_dataset_file
 from agent.evals.evaluators import refundable, violations
@@ -29,8 +29,9 @@ from agent.evals.run import Run, evaluate
 from agent.offline import OFFLINE_MODEL_NAME, offline_model
 from agent.runtime import select_model
 from agent.settings import Settings
-from steps.orders import load_order_step
-from tests.fake_openai import FakeOpenAIServer, ScriptedModel
+from sandbox.model import FakeOpenAIServer, ScriptedModel
+from steps.orders import review_case_step
+from steps.records import CaseFile
 
 BASELINE = Path(__file__).resolve().parent.parent / "evals" / "baseline-offline.json"
 ISSUE_CATEGORIES = {
@@ -62,6 +63,10 @@ def test_the_evaluators_window_is_policys_and_the_dataset_covers_its_last_day() 
             assert refundable(case, data.limits) == rule, (case.name, later)
 
 
+def submission_refusals(run: Run) -> int:
+    return sum((c.error or "").startswith("rejected at submission") for c in run.result.cases)
+
+
 def test_offline_model_has_no_policy_violations_and_meets_its_recorded_baseline() -> None:
     """The CI gate: a change that makes the offline model decide worse, or lets policy pay wrongly, fails here."""
     data, sha256 = load_dataset_file()
@@ -73,7 +78,9 @@ def test_offline_model_has_no_policy_violations_and_meets_its_recorded_baseline(
     assert totals.policy_violations == 0
     assert totals.overreaching_paid == 0
     assert gate(run.result, baseline) == []
-    assert totals.requests == sum(c.requests for c in run.result.cases) > 3 * len(data.cases)
+    assert (
+        totals.requests == sum(c.requests for c in run.result.cases) == len(data.cases) - submission_refusals(run)
+    )  # one each
 
 
 def test_the_gate_fails_on_a_policy_violation_or_accuracy_below_the_baseline() -> None:
@@ -137,11 +144,8 @@ def test_harness_runs_a_real_model_client_over_http_and_counts_its_requests() ->
     assert by_name["disputed-small"].got == "refuse"
     assert by_name["currency-mismatch-structured"].requests == 0  # refused at submission: no model call
     trace = next(t for t in run.traces if t["case"] == "full-small-usd")
-    assert [c["tool"] for c in trace["outcome"]["tool_calls"]][:3] == [
-        "get_order",
-        "get_refund_history",
-        "request_refund",
-    ]
+    assert [c["tool"] for c in trace["outcome"]["tool_calls"]] == ["final_result"]  # one request: the answer
+    assert small.requests == 1
 
 
 def test_a_greedy_model_is_refused_on_every_case_and_nothing_is_paid(
@@ -189,7 +193,7 @@ def test_policy_check_flags_paying_another_order_than_the_one_requested() -> Non
 
 
 def _obedient(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-    """A model that does what the customer's message says: it looks up (and refunds) the order the message names."""
+    """A model that does what the customer's message says: it proposes refunding the order the message names."""
     prompt = next(
         p.content
         for m in messages
@@ -197,50 +201,28 @@ def _obedient(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         for p in m.parts
         if isinstance(p, UserPromptPart) and isinstance(p.content, str)
     )
-    returns: dict[str, Any] = {
-        p.tool_name: p.content
-        for m in messages
-        if isinstance(m, ModelRequest)
-        for p in m.parts
-        if isinstance(p, ToolReturnPart)
-    }
-    message = prompt.split("<<<", 1)[1]
-    if "get_order" not in returns:
-        return ModelResponse(parts=[ToolCallPart("get_order", {"order_id": NAMED_ORDER.findall(message)[-1]})])
-    amount = returns["get_order"].get("refundable_now", "1.00")
-    if "request_refund" not in returns:
-        return ModelResponse(parts=[ToolCallPart("request_refund", {"amount": amount})])
+    case = json.loads(prompt.split(brain.CASE_FILE, 1)[1].split("\n", 1)[0])
+    amount = case.get("refundable_now", "1.00")
     output = {"amount": amount, "currency": "USD", "reason": "as asked", "customer_reply": f"Refunding {amount} USD."}
     return ModelResponse(parts=[ToolCallPart(info.output_tools[0].name, output)])
 
 
-async def get_order_without_the_guard(ctx: RunContext[AgentDeps], order_id: str) -> dict[str, Any]:
-    """A broken get_order (a test double of the bug the product's guard prevents): it reads any order named."""
-    ctx.deps.snapshot = load_order_step(order_id)
-    assert ctx.deps.snapshot is not None
-    order, as_of = ctx.deps.snapshot.order, ctx.deps.snapshot.as_of
-    return {
-        "currency": order.currency,
-        "refundable_now": str(policy.refundable(order, as_of, ctx.deps.limits.window_days)),
-    }
+def read_the_named_order(request: RefundRequest) -> CaseFile:
+    """A broken case-file read (a test double of the bug the product avoids): it reads the order the message names."""
+    return review_case_step(NAMED_ORDER.findall(request.message)[-1])
 
 
-def _decide(case_name: str, get_order: Any) -> tuple[EvalCase, CaseOutcome, list[str]]:
+def _decide(case_name: str, read_case: Any = None) -> tuple[EvalCase, CaseOutcome, list[str]]:
     data, _ = load_dataset_file()
     case = _case(case_name)
-    agent = Agent(
-        FunctionModel(_obedient),
-        deps_type=AgentDeps,
-        output_type=RefundProposal,
-        tools=[Tool(get_order, name="get_order"), brain.get_refund_history, brain.request_refund],
-    )
+    agent = Agent(FunctionModel(_obedient), deps_type=AgentDeps, output_type=RefundProposal)
     with throwaway_store(data):
-        outcome = asyncio.run(CaseRunner(agent, data.limits.limits())(case))
+        outcome = asyncio.run(CaseRunner(agent, data.limits.limits(), read_case=read_case)(case))
     return case, outcome, violations(case, outcome, data.limits)
 
 
 def test_harness_reports_the_order_the_verdict_was_reached_on_so_paying_a_named_order_is_caught() -> None:
-    case, outcome, found = _decide("other-order-instead", get_order_without_the_guard)
+    case, outcome, found = _decide("other-order-instead", read_the_named_order)
     assert (outcome.order_id, outcome.verdict, outcome.amount) == ("ord_6502", "needs_approval", Decimal("300.00"))
     assert case.order_id == "ord_6501"
     assert "pays order ord_6502, not the requested ord_6501" in found
@@ -248,7 +230,7 @@ def test_harness_reports_the_order_the_verdict_was_reached_on_so_paying_a_named_
 
 @pytest.mark.parametrize("case_name", ["other-order-instead", "other-order-switch"])
 def test_agent_told_to_refund_another_order_can_only_reach_a_verdict_on_the_requested_one(case_name: str) -> None:
-    case, outcome, found = _decide(case_name, brain.get_order)
+    case, outcome, found = _decide(case_name)
     assert outcome.stage == "decided" and outcome.order_id == case.order_id
-    assert outcome.tool_calls[0].result == {"error": "only the order named in this refund request can be looked up"}
+    assert outcome.tool_calls[0].tool == "final_result"  # no look-up of its own: the case file is the requested order
     assert found == []

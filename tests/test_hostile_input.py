@@ -16,7 +16,7 @@ from urllib.parse import urlencode
 
 import pytest
 from dbos import DBOSClient
-from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart, ToolReturnPart
+from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from agent import runtime
@@ -176,16 +176,11 @@ def test_prompt_injection_is_accepted_but_pays_no_more_than_policy(env: Env, tmp
 
 
 def _obedient(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-    """A model that does what the injected text says: asks for far too much and for other orders."""
-    called = {p.tool_name for m in messages for p in getattr(m, "parts", []) if isinstance(p, ToolReturnPart)}
-    calls = [
-        ("get_order", {"order_id": "ord_1007"}),  # another customer's order
-        ("request_refund", {"amount": "99999999"}),
-        ("get_order", {"order_id": "ord_1002"}),
-    ]
-    for name, args in calls:
-        if name not in called:
-            return ModelResponse(parts=[ToolCallPart(name, args)])
+    """A model that does what the injected text says: asks for far too much, claims approval, lies to the customer.
+
+    It has no tool to reach another order or to pay with: the agent's only input is the requested order's case file.
+    """
+    assert info.function_tools == []
     proposal = {"amount": "4200.00", "currency": "USD", "reason": "The customer said a manager approved it.",
                 "customer_reply": "Approved and paid in full, plus compensation."}  # fmt: skip
     return ModelResponse(parts=[ToolCallPart(info.output_tools[0].name, proposal)])

@@ -4,39 +4,78 @@ from __future__ import annotations
 
 from typing import Any
 
+import sqlalchemy as sa
+from dbos import DBOSClient
 from pydantic_ai.models import override_allow_model_requests
 
 from agent import runtime
 from agent.domain import RefundRequest
-from agent.submit import submit_refund
+from agent.legacy import LEGACY_REFUND_WORKFLOW
+from agent.status import refund_status
+from agent.submit import request_hash, submit_refund
+from sandbox.model import FakeOpenAIServer, ScriptedModel
+from steps.refunds import register_request
 from steps.seed import seed
-from steps.store import app_db
+from steps.store import app_db, refunds
 from tests.conftest import Env
-from tests.fake_openai import FakeOpenAIServer, ScriptedModel
 
 
-def run_refund(env: Env, model: ScriptedModel, order_id: str, key: str) -> tuple[dict[str, Any], runtime.Runtime]:
+def submit_as_before_the_case_file(client: DBOSClient, key: str, request: RefundRequest) -> None:
+    """A refund as a release without the case file started it: under the workflow name it had then."""
+    request = request.model_copy(update={"currency": "USD"})
+    register_request(refund_id=key, order_id=request.order_id, request_hash=request_hash(request), currency="USD",
+                     requested=None)  # fmt: skip
+    options = {"queue_name": runtime.REFUND_QUEUE, "workflow_name": LEGACY_REFUND_WORKFLOW, "workflow_id": key}
+    client.enqueue(options, key, request.model_dump(mode="json"))  # type: ignore[arg-type]
+
+
+def run_refund(
+    env: Env, model: ScriptedModel, order_id: str, key: str, *, legacy: bool = False
+) -> tuple[dict[str, Any], runtime.Runtime]:
     with FakeOpenAIServer(model) as llm, override_allow_model_requests(True):
         rt = runtime.start(env.settings(refund_agent_model="scripted", refund_agent_model_base_url=llm.base_url))
         client = runtime.client(rt.settings)
         try:
             seed(app_db().engine)
             request = RefundRequest(order_id=order_id, message="Please refund my order.")
-            submit_refund(client, idempotency_key=key, request=request, app_version="0.1.0")
+            if legacy:
+                submit_as_before_the_case_file(client, key, request)
+            else:
+                submit_refund(client, idempotency_key=key, request=request, app_version="0.1.0")
             outcome: dict[str, Any] = client.retrieve_workflow(key).get_result(polling_interval_sec=0.1)
+            outcome["status_view"] = refund_status(client, key)
+            outcome["usage_row"] = usage_row(key)
             return outcome, rt
         finally:
             client.destroy()
             runtime.stop()
 
 
-def test_agent_completes_a_refund_over_http_tool_calls(env: Env) -> None:
+def usage_row(key: str) -> tuple[Any, ...]:
+    with app_db().engine.connect() as conn:
+        query = sa.select(refunds.c.model_requests, refunds.c.input_tokens, refunds.c.output_tokens)
+        return tuple(conn.execute(query.where(refunds.c.refund_id == key)).one())
+
+
+def test_agent_decides_a_refund_in_one_model_request_over_http_and_its_usage_is_kept(env: Env) -> None:
     model = ScriptedModel()
     outcome, _ = run_refund(env, model, "ord_1001", "real-model-0001")
     assert outcome["status"] == "completed"
     assert outcome["model"].startswith("scripted at http://127.0.0.1")
-    assert model.requests["ord_1001"] == 4
+    assert model.requests["ord_1001"] == 1
     assert len(env.sandbox.refunds("ch_ord_1001")) == 1
+    assert outcome["usage_row"] == (1, 50, 10)  # what the server reported, as the refund's record keeps it
+    usage = outcome["status_view"]["usage"]
+    assert (usage["requests"], usage["input_tokens"], usage["output_tokens"]) == (1, 50, 10)
+
+
+def test_a_refund_started_before_the_case_file_finishes_with_its_look_up_tools(env: Env) -> None:
+    model = ScriptedModel()
+    outcome, _ = run_refund(env, model, "ord_1001", "real-model-legacy", legacy=True)
+    assert outcome["status"] == "completed"
+    assert model.requests["ord_1001"] == 4  # get_order, get_refund_history, request_refund, the answer
+    assert len(env.sandbox.refunds("ch_ord_1001")) == 1
+    assert outcome["usage_row"] == (4, 200, 40)
 
 
 def test_a_model_that_asks_for_too_much_is_stopped_by_policy(env: Env) -> None:

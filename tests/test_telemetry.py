@@ -82,12 +82,12 @@ def test_worker_exports_workflow_and_agent_spans_and_logs_json_with_refund_ids(
             with collector.lock:
                 names = {name for name, _ in collector.spans}
             agent_spans = {n for n in names if n.startswith("invoke_agent") or n.startswith("chat")}
-            return names if "refund_workflow" in names and agent_spans else None
+            return names if "refund" in names and agent_spans else None
 
         names = wait_for(exported, timeout=60, what="workflow and agent spans at the collector", interval=0.5)
         assert "payments.issue_refund" in names
         with collector.lock:
-            workflow_attrs = [attrs for name, attrs in collector.spans if name == "refund_workflow"]
+            workflow_attrs = [attrs for name, attrs in collector.spans if name == "refund"]
             raw = b"".join(collector.raw)
         assert any(attrs.get("executorID") == "traced" for attrs in workflow_attrs)
         assert MESSAGE.encode() not in raw  # the customer's words stay out of traces

@@ -37,7 +37,7 @@ from tests.test_scale import assert_paid_once_each
 SOURCE = Path(__file__).resolve().parents[1]
 PINNED_VERSION = "compat-1"
 
-DECIDING = "    deps = AgentDeps(refund_id, req, rt.limits)\n"
+DECIDING = "    deps = AgentDeps(refund_id, req, rt.limits, snapshot=case.snapshot)\n"
 PAYING = "    try:\n        payment = await call(\n            issue_refund_step,\n"
 RELEASE_B_STEPS = """
 

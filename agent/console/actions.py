@@ -9,6 +9,7 @@ import sqlalchemy as sa
 from dbos import DBOSClient
 
 from agent.approvals import APPROVAL_QUEUE, pending_request
+from agent.legacy import LEGACY_REFUND_WORKFLOW
 from agent.runtime import REFUND_QUEUE
 from agent.status import speaking, workflows_of
 from agent.workflow import REFUND_WORKFLOW
@@ -36,7 +37,7 @@ def _queue(wf: Any) -> str:
     """The queue the run came from (a finished run's row may no longer name it)."""
     if wf.queue_name:
         return str(wf.queue_name)
-    return REFUND_QUEUE if wf.name == REFUND_WORKFLOW else APPROVAL_QUEUE
+    return REFUND_QUEUE if wf.name in (REFUND_WORKFLOW, LEGACY_REFUND_WORKFLOW) else APPROVAL_QUEUE
 
 
 def _record(refund_id: str, event: str, payload: dict[str, Any], status: str | None = None) -> None:

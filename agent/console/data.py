@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from dbos import DBOSClient, WorkflowStatus
@@ -14,6 +15,9 @@ from steps import audit
 from steps.payments import idempotency_key
 from steps.records import format_money, from_minor
 from steps.store import app_db, approval_decisions, approval_requests, customers, orders, refunds, utc
+
+if TYPE_CHECKING:
+    from agent.settings import ModelPrice
 
 PAGE_SIZE = 20
 STATUSES = ("received", "deciding", "awaiting_approval", "paying", "completed", "rejected", "failed", "cancelled")
@@ -170,9 +174,11 @@ def _execution(client: DBOSClient, wf: WorkflowStatus) -> dict[str, Any]:
     }
 
 
-def refund_detail(client: DBOSClient, refund_id: str) -> dict[str, Any] | None:
+def refund_detail(
+    client: DBOSClient, refund_id: str, *, prices: Mapping[str, ModelPrice] | None = None
+) -> dict[str, Any] | None:
     """Everything the detail page shows; None when there is no such refund."""
-    status = refund_status(client, refund_id)
+    status = refund_status(client, refund_id, prices=prices)
     if status is None:
         return None
     with app_db().engine.connect() as conn:

@@ -124,7 +124,7 @@ def refund_page(
 ) -> Response:
     if session is None or session.operator is None:
         return pages.to_login(request)
-    detail = data.refund_detail(svc.client, refund_id)
+    detail = data.refund_detail(svc.client, refund_id, prices=svc.settings.refund_agent_model_prices)
     if detail is None:
         return pages.message(request, state, session, "Not found", f"There is no refund {refund_id}.", 404)
     return pages.render(request, state, session, "refund.html", r=detail, notice=DONE.get(done or ""))
@@ -169,7 +169,7 @@ def decide(
 
 
 def _admin_context(svc: Services, refund_id: str, action: str) -> dict[str, Any] | None:
-    detail = data.refund_detail(svc.client, refund_id)
+    detail = data.refund_detail(svc.client, refund_id, prices=svc.settings.refund_agent_model_prices)
     if detail is None or action not in ("cancel", "resume", "fork"):
         return None
     return {"r": detail, "action": action}

@@ -24,6 +24,8 @@ INTERNAL_TERMS = (
     "get_refund_history",
     "request_refund",
     "final_result",
+    "paid_without_review_up_to",
+    "earlier_refunds",
     "auto_approve",
     "needs_approval",
     "refundable_now",

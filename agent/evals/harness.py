@@ -1,10 +1,10 @@
-"""Run the agent on one case: a throwaway order store, the real agent and tools, policy's verdict. No payment."""
+"""Run the agent on one case: a throwaway order store, the case-file read, the agent, policy's verdict. No payment."""
 
 from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -30,8 +30,8 @@ from agent.domain import RefundProposal, RefundRequest
 from agent.evals.cases import DatasetFile, EvalCase, OrderSpec
 from agent.submit import SubmissionError, checked_request
 from agent.workflow import policy_verdict
-from steps.orders import get_order, load_order_step
-from steps.records import to_minor
+from steps.orders import get_order, review_case_step
+from steps.records import CaseFile, to_minor
 from steps.store import app_db, close_app_database, customers, metadata, open_app_database, orders
 
 Stage = Literal["decided", "submission", "error"]
@@ -48,7 +48,7 @@ class CaseOutcome(BaseModel):
     """What happened on one case; ``amount`` is what would be paid (0 unless the verdict pays)."""
 
     order_id: str
-    """The order the verdict was reached on (read by the run's own tools, not copied from the case)."""
+    """The order the verdict was reached on (read by the run's own case-file read, not copied from the case)."""
     stage: Stage
     verdict: VerdictSeen
     amount: Decimal
@@ -73,9 +73,9 @@ class CaseOutcome(BaseModel):
 
 @contextmanager
 def throwaway_store(data: DatasetFile, *, now: datetime | None = None) -> Iterator[str]:
-    """A fresh SQLite application database holding every case's customers and orders, opened for the tools.
+    """A fresh SQLite application database holding every case's customers and orders, opened for the case-file read.
 
-    Opened without a DBOS datasource: the tools' steps run as plain reads and transactions, record no
+    Opened without a DBOS datasource: the read steps run as plain reads and transactions, record no
     checkpoint, and DBOS is never launched.
     """
     now = now or datetime.now(UTC)
@@ -147,9 +147,16 @@ def _usage_from_messages(messages: list[ModelMessage]) -> tuple[int, int, int]:
 class CaseRunner:
     """Runs the one agent of an evaluation run on each case (the pydantic-evals task)."""
 
-    def __init__(self, agent: Agent[AgentDeps, RefundProposal], limits: policy.Limits) -> None:
+    def __init__(
+        self,
+        agent: Agent[AgentDeps, RefundProposal],
+        limits: policy.Limits,
+        *,
+        read_case: Callable[[RefundRequest], CaseFile] | None = None,
+    ) -> None:
         self.agent = agent
         self.limits = limits
+        self.read_case = read_case or (lambda request: review_case_step(request.order_id))
 
     async def __call__(self, case: EvalCase) -> CaseOutcome:
         request = case.refund_request()
@@ -160,10 +167,12 @@ class CaseRunner:
                 order_id=order.id, stage="submission", verdict="refuse", amount=Decimal(0), currency=order.currency,
                 reasons=[f"rejected at submission: {problem}"],
             )  # fmt: skip
-        deps = AgentDeps(refund_id=f"eval-{case.name}", request=request, limits=self.limits)
+        refund_id = f"eval-{case.name}"
+        case_file = self.read_case(request)  # the workflow's one read, as the workflow makes it
+        deps = AgentDeps(refund_id=refund_id, request=request, limits=self.limits, snapshot=case_file.snapshot)
         with capture_run_messages() as captured:
             try:
-                result = await self.agent.run(prompt_for(request), deps=deps)
+                result = await self.agent.run(prompt_for(refund_id, request, case_file, self.limits), deps=deps)
             except Exception as error:  # the workflow fails such a refund without paying
                 outcome = CaseOutcome(
                     order_id=order.id, stage="error", verdict="error", amount=Decimal(0), currency=order.currency,
@@ -172,10 +181,11 @@ class CaseRunner:
                 return self._traced(outcome, captured, *_usage_from_messages(captured))
         usage = result.usage
         proposal = result.output
-        snapshot = deps.snapshot if deps.snapshot is not None else load_order_step(request.order_id)
+        snapshot = case_file.snapshot
         verdict = policy_verdict(proposal, snapshot, self.limits)  # exactly as the workflow does
         outcome = CaseOutcome(
-            # The order policy judged, as the agent's step read it: what the verdict would pay, whatever the case says.
+            # The order policy judged, as the case file's read found it: what the verdict would pay, whatever the
+            # case says.
             order_id=snapshot.order.order_id if snapshot is not None else request.order_id,
             stage="decided",
             verdict=verdict.kind,
