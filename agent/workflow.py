@@ -1,8 +1,9 @@
 """The refund's workflows: each a script of named steps, checkpointed one by one.
 
-``refund_workflow`` (id = the request's Idempotency-Key) decides: it pays at once, refuses, or parks
-the refund for a person and ends. ``settle_refund_workflow`` (id ``{refund_id}/settle``) is started by
-the decision and finishes a parked refund. Between the two, nothing runs (agent/approval_workflows.py).
+``refund_workflow`` (durable name ``refund``, id = the request's Idempotency-Key) reads the case file,
+asks the agent once, and decides: it pays at once, refuses, or parks the refund for a person and ends.
+``settle_refund_workflow`` (id ``{refund_id}/settle``) is started by the decision and finishes a parked
+refund. Between the two, nothing runs (agent/approval_workflows.py).
 """
 
 from __future__ import annotations
