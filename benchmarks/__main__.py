@@ -1,6 +1,6 @@
-"""The benchmark suite: durability cost per refund, throughput, parked approvals, tuning, profile.
+"""The benchmark suite: durability cost per refund, throughput, parked approvals, tuning, profile, round trips.
 
-    python -m benchmarks [--quick] [--sections cost,throughput,parked,tuning,profile] [--rounds N] ...
+    python -m benchmarks [--quick] [--sections cost,throughput,parked,tuning,profile,round_trips] [--rounds N] ...
 
 Needs the ``bench`` extra (LangGraph, its savers, matplotlib, psutil) and a Postgres server on
 127.0.0.1 (``--postgres-url``; it creates and drops its own databases). Prints Markdown tables, writes
@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 from benchmarks import harness
 
-SECTIONS = ("cost", "throughput", "parked", "tuning", "profile")
+SECTIONS = ("cost", "throughput", "parked", "tuning", "profile", "round_trips")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -62,6 +62,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--tuning-rounds", type=int, help="rounds per tuning knob (default 3, quick 2)")
     p.add_argument("--tuning-only", help="only knobs whose name contains this")
     p.add_argument("--profile-refunds", type=int, help="refunds profiled per backend (default 20)")
+    p.add_argument("--rt-rounds", type=int, help="rounds of the round-trips section (default 5, quick 2)")
+    p.add_argument("--rt-refunds", type=int, help="refunds per variant per round there (default 10, quick 3)")
     p.add_argument("--postgres-url", default=harness.DEFAULT_POSTGRES)
     p.add_argument("--no-readme", action="store_true", help="do not rewrite benchmarks/README.md")
     p.add_argument("--no-write", action="store_true", help="write no JSON, plots or README")
@@ -87,6 +89,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.expiry_timeout = 15.0
     args.tuning_rounds = args.tuning_rounds or (2 if q else 3)
     args.profile_refunds = args.profile_refunds or (5 if q else 20)
+    args.rt_rounds = args.rt_rounds or (2 if q else 5)
+    args.rt_refunds = args.rt_refunds or (3 if q else 10)
     args.sections = [s for s in args.sections.split(",") if s]
     unknown = set(args.sections) - set(SECTIONS)
     if unknown:
@@ -101,7 +105,7 @@ def _per_level(base: int, concurrency: int) -> int:
 
 
 async def run(args: argparse.Namespace, sandbox_url: str, workdir: Path) -> dict[str, Any]:
-    from benchmarks import cost, parked, profile, throughput, tuning
+    from benchmarks import cost, parked, profile, round_trips, throughput, tuning
 
     results: dict[str, Any] = {}
     common = {"server": args.postgres_url, "sandbox_url": sandbox_url, "workdir": workdir}
@@ -143,6 +147,10 @@ async def run(args: argparse.Namespace, sandbox_url: str, workdir: Path) -> dict
             )
         elif section == "profile":
             results["profile"] = await profile.run_section(refunds=args.profile_refunds, **common)
+        elif section == "round_trips":
+            results["round_trips"] = await round_trips.run_section(
+                rounds=args.rt_rounds, refunds=args.rt_refunds, **common
+            )
         print(f"== {section}: {time.monotonic() - t0:.0f} s", flush=True)
     return results
 

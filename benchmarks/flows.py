@@ -25,16 +25,17 @@ import psycopg
 import sqlalchemy as sa
 from dbos import DBOS, SetWorkflowID
 from pydantic_ai import Agent
+from pydantic_ai.models import Model
 
 from agent import approvals, policy
 from agent.approval_workflows import decide_here
-from agent.brain import AGENT_NAME, INSTRUCTIONS, AgentDeps, get_order, get_refund_history, prompt_for, request_refund
+from agent.brain import AGENT_NAME, INSTRUCTIONS, AgentDeps, prompt_for
 from agent.domain import ApprovalRecord, RefundProposal, RefundRequest
 from agent.offline import offline_model
 from agent.runtime import Runtime
 from agent.workflow import policy_verdict, refund_workflow
 from steps.notify import CustomerMessage
-from steps.orders import load_order_step
+from steps.orders import review_case_step
 from steps.payments import issue_refund_step
 from steps.refunds import record_decision_step, record_payment_step, record_verdict_and_reserve_step
 
@@ -114,30 +115,32 @@ def approve(refund_id: str, amount: Decimal, currency: str) -> ApprovalRecord:
 
 # ------------------------------------------------------------------------------------- no durability
 
-_plain_agent: Agent[AgentDeps, RefundProposal] | None = None
+_plain_agents: dict[int, Agent[AgentDeps, RefundProposal]] = {}
 
 
-def plain_agent() -> Agent[AgentDeps, RefundProposal]:
-    """The product's agent without the DBOS capability: the same model, instructions, tools, output."""
-    global _plain_agent
-    if _plain_agent is None:
-        _plain_agent = Agent(
-            offline_model(),
+def plain_agent(model: Model | None = None) -> Agent[AgentDeps, RefundProposal]:
+    """The product's agent without the DBOS capability: the same model (default: offline), instructions, output."""
+    key = id(model)
+    if key not in _plain_agents:
+        _plain_agents[key] = Agent(
+            model or offline_model(),
             name=f"{AGENT_NAME}_plain",
             deps_type=AgentDeps,
             output_type=RefundProposal,
             instructions=INSTRUCTIONS,
-            tools=[get_order, get_refund_history, request_refund],
         )
-    return _plain_agent
+    return _plain_agents[key]
 
 
-async def plain_refund(refund_id: str, request: RefundRequest, rt: Runtime) -> dict[str, Any]:
+async def plain_refund(
+    refund_id: str, request: RefundRequest, rt: Runtime, model: Model | None = None
+) -> dict[str, Any]:
     """``refund_workflow``'s auto-approve path, line by line, outside any workflow."""
-    deps = AgentDeps(refund_id, request, rt.limits)
-    run = await plain_agent().run(prompt_for(request), deps=deps)
+    case = review_case_step(request.order_id)
+    deps = AgentDeps(refund_id, request, rt.limits, snapshot=case.snapshot)
+    run = await plain_agent(model).run(prompt_for(refund_id, request, case, rt.limits), deps=deps)
     proposal = run.output
-    snapshot = deps.snapshot if deps.snapshot is not None else load_order_step(request.order_id)
+    snapshot = case.snapshot
     verdict = policy_verdict(proposal, snapshot, rt.limits)
     if verdict.kind != "auto_approve":
         raise RuntimeError(f"benchmark refund {refund_id} was not auto-approved: {verdict.kind}")
@@ -166,7 +169,13 @@ async def plain_refund(refund_id: str, request: RefundRequest, rt: Runtime) -> d
     )
     message = CustomerMessage(customer_id=order.customer_id, text=proposal.customer_reply)
     record_payment_step(refund_id, order.order_id, payment, notify=message)
-    return {"refund_id": refund_id, "status": "completed", "provider_refund_id": payment.provider_refund_id}
+    usage = run.usage
+    return {
+        "refund_id": refund_id,
+        "status": "completed",
+        "provider_refund_id": payment.provider_refund_id,
+        "usage": {"requests": usage.requests, "input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens},
+    }
 
 
 # ------------------------------------------------------------------------------------------- checkpoints

@@ -1,28 +1,28 @@
 """The same refund flow as a LangGraph graph, checkpointed by PostgresSaver / SqliteSaver.
 
-The graph is LangGraph's usual agent loop (a model node and a tool node, as in ``create_react_agent``)
-followed by one node per external call of the refund's workflows, so LangGraph checkpoints after each
-model request, each tool call and each step, as DBOS does:
+One node per external call of the refund's workflows, so LangGraph checkpoints after each step as
+DBOS does:
 
-    model <-> tools  ->  record_verdict (policy on the tools' order read; auto-approved: + reservation;
-                                         needs approval: + the approval request, ``open_approval``)
+    review_case (the order and the customer's refunds, one read) -> model (one request: the proposal)
+      -> record_verdict (policy on the case file's order; auto-approved: + reservation;
+                         needs approval: + the approval request, ``open_approval``)
       -> [notify_approvers -> await_approval (interrupt) -> prepare_payment (the approved amount)]
       -> pay -> record_payment (with the customer's message)
 
 The approval is recorded outside the graph as the product's decision workflow records it, then the
 graph resumes (``Command(resume=...)``) where DBOS's continuation would start.
 
-Model requests go to the same offline model function; tools do what the agent's tools do (same order
-lookup and refund history through the same step functions, same policy call); every application
-write, the payment call and its idempotency key are the ones the DBOS workflow makes (the product's
-step functions, called outside a workflow). Without a checkpointer the same graph is the LangGraph
-flow's no-durability twin.
+The model node asks the same model the product's agent does (by default the offline model function;
+``Context.request`` swaps in any Pydantic AI model, e.g. one served over HTTP) with the same prompt,
+instructions and output tool; every application write, the payment call and its idempotency key are
+the ones the DBOS workflow makes (the product's step functions, called outside a workflow). Without a
+checkpointer the same graph is the LangGraph flow's no-durability twin.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from decimal import Decimal
 from typing import Any, Literal, TypedDict
@@ -35,25 +35,25 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command, interrupt
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
+from pydantic_ai.direct import model_request_sync
 from pydantic_ai.messages import (
     ModelMessage,
     ModelMessagesTypeAdapter,
     ModelRequest,
     ModelResponse,
     ToolCallPart,
-    ToolReturnPart,
     UserPromptPart,
 )
-from pydantic_ai.models import ModelRequestParameters
+from pydantic_ai.models import Model, ModelRequestParameters
 from pydantic_ai.models.function import AgentInfo
 from pydantic_ai.tools import ToolDefinition
 
 from agent import policy
-from agent.brain import INSTRUCTIONS, _order_view, prompt_for
+from agent.brain import INSTRUCTIONS, prompt_for
 from agent.domain import RefundProposal, RefundRequest, Verdict
 from agent.offline import offline_model_function
 from steps.notify import CustomerMessage, notify_approvers_step
-from steps.orders import load_order_step, refund_history_step
+from steps.orders import review_case_step
 from steps.payments import issue_refund_step
 from steps.records import OrderSnapshot, ProviderRefund
 from steps.refunds import (
@@ -66,14 +66,17 @@ from steps.refunds import (
 )
 
 OUTPUT_TOOL = "final_result"
+_OUTPUT = ToolDefinition(name=OUTPUT_TOOL, parameters_json_schema=RefundProposal.model_json_schema(), kind="output")
 _INFO = AgentInfo(
     function_tools=[],
     allow_text_output=False,
-    output_tools=[ToolDefinition(name=OUTPUT_TOOL, parameters_json_schema=RefundProposal.model_json_schema())],
+    output_tools=[_OUTPUT],
     model_settings=None,
     model_request_parameters=ModelRequestParameters(),
     instructions=INSTRUCTIONS,
 )
+#: What the model is asked with: no function tools, the proposal as the output tool (as the agent asks).
+REQUEST_PARAMETERS = ModelRequestParameters(output_mode="tool", output_tools=[_OUTPUT], allow_text_output=False)
 
 
 class RefundState(TypedDict, total=False):
@@ -82,6 +85,7 @@ class RefundState(TypedDict, total=False):
     messages: list[Any]
     snapshot: dict[str, Any] | None
     proposal: dict[str, Any]
+    usage: dict[str, int]
     verdict: dict[str, Any]
     plan: dict[str, Any]
     decision: dict[str, Any]
@@ -89,11 +93,25 @@ class RefundState(TypedDict, total=False):
     outcome: dict[str, Any]
 
 
+def offline_request(messages: list[ModelMessage]) -> ModelResponse:
+    return offline_model_function(messages, _INFO)
+
+
+def model_requester(model: Model) -> Callable[[list[ModelMessage]], ModelResponse]:
+    """Ask ``model`` (any Pydantic AI model) for the proposal, synchronously, as the graph's node runs."""
+
+    def request(messages: list[ModelMessage]) -> ModelResponse:
+        return model_request_sync(model, messages, model_request_parameters=REQUEST_PARAMETERS)
+
+    return request
+
+
 class Context:
-    """What the nodes need besides the state: the policy limits and the model label."""
+    """What the nodes need besides the state: the policy limits, the model label and how to ask the model."""
 
     limits: policy.Limits
     model_label: str = "offline model"
+    request: Callable[[list[ModelMessage]], ModelResponse] = staticmethod(offline_request)
 
 
 ctx = Context()
@@ -107,82 +125,36 @@ def _dump(messages: list[ModelMessage]) -> list[Any]:
     return list(ModelMessagesTypeAdapter.dump_python(messages, mode="json"))
 
 
-def _snapshot(state: RefundState, order_id: str) -> OrderSnapshot | None:
-    if state.get("snapshot") is not None:
-        return OrderSnapshot.model_validate(state["snapshot"])
-    return load_order_step(order_id)
+def review_case_node(state: RefundState) -> RefundState:
+    """The case file, read once, as the workflow's ``orders.review_case`` step reads it; the model's prompt."""
+    request = RefundRequest.model_validate(state["request"])
+    case = review_case_step(request.order_id)
+    prompt = prompt_for(state["refund_id"], request, case, ctx.limits)
+    first = ModelRequest(parts=[UserPromptPart(prompt)], instructions=INSTRUCTIONS)
+    snapshot = case.snapshot.model_dump(mode="json") if case.snapshot else None
+    return {"snapshot": snapshot, "messages": _dump([first])}
 
 
 def model_node(state: RefundState) -> RefundState:
     messages = _messages(state)
-    response = offline_model_function(messages, _INFO)
-    update: RefundState = {"messages": _dump([*messages, response])}
+    response = ctx.request(messages)
     call = response.parts[0]
-    if isinstance(call, ToolCallPart) and call.tool_name == OUTPUT_TOOL:
-        update["proposal"] = RefundProposal.model_validate(call.args_as_dict()).model_dump(mode="json")
-    return update
-
-
-def tools_node(state: RefundState) -> RefundState:
-    """The agent's three tools, as ``agent.brain`` implements them."""
-    messages = _messages(state)
-    request = RefundRequest.model_validate(state["request"])
-    last = messages[-1]
-    assert isinstance(last, ModelResponse)
-    update: RefundState = {}
-    returns = []
-    for part in last.parts:
-        if not isinstance(part, ToolCallPart):
-            continue
-        args = part.args_as_dict()
-        snapshot = _snapshot(state, request.order_id)
-        if snapshot is not None and state.get("snapshot") is None:
-            update["snapshot"] = snapshot.model_dump(mode="json")
-        content: dict[str, Any]
-        if part.tool_name == "get_order":
-            if args.get("order_id") != request.order_id:
-                content = {"error": "only the order named in this refund request can be looked up"}
-            elif snapshot is None:
-                content = {"error": f"order {request.order_id} does not exist"}
-            else:
-                content = _order_view(snapshot, ctx.limits)
-        elif part.tool_name == "get_refund_history":
-            history = [] if snapshot is None else refund_history_step(snapshot.order.customer_id)
-            earlier = [
-                {"order_id": h.order_id, "amount": f"{h.amount} {h.currency}", "status": h.status}
-                for h in history
-                if h.refund_id != state["refund_id"]
-            ]
-            content = {"earlier_refunds": earlier, "count": len(earlier)}
-        else:  # request_refund
-            assert snapshot is not None
-            amount = Decimal(str(args["amount"]))
-            order = snapshot.order
-            verdict = policy.decide(
-                amount=amount, currency=order.currency, order=order, as_of=snapshot.as_of, limits=ctx.limits
-            )
-            content = {
-                "verdict": verdict.kind,
-                "amount": str(amount),
-                "currency": order.currency,
-                "refundable_now": str(verdict.refundable),
-                "reasons": list(verdict.reasons),
-            }
-        returns.append(ToolReturnPart(part.tool_name, content, tool_call_id=part.tool_call_id))
-    update["messages"] = _dump([*messages, ModelRequest(parts=returns)])
-    return update
-
-
-def after_model(state: RefundState) -> str:
-    return "record_verdict" if state.get("proposal") else "tools"
+    if not (isinstance(call, ToolCallPart) and call.tool_name == OUTPUT_TOOL):
+        raise RuntimeError(f"LangGraph refund {state['refund_id']}: the model did not answer with a proposal")
+    usage = {"requests": 1, "input_tokens": response.usage.input_tokens, "output_tokens": response.usage.output_tokens}
+    return {
+        "messages": _dump([*messages, response]),
+        "proposal": RefundProposal.model_validate(call.args_as_dict()).model_dump(mode="json"),
+        "usage": usage,
+    }
 
 
 def record_verdict_node(state: RefundState) -> RefundState:
-    """Policy on the order the tools read (as the workflow judges the agent's own read), then the record."""
+    """Policy on the order the case file read (as the workflow judges it), then the record."""
     request = RefundRequest.model_validate(state["request"])
     proposal = RefundProposal.model_validate(state["proposal"])
-    snapshot = _snapshot(state, request.order_id)
-    assert snapshot is not None
+    assert state.get("snapshot") is not None
+    snapshot = OrderSnapshot.model_validate(state["snapshot"])
     verdict = policy.decide(
         amount=proposal.amount,
         currency=proposal.currency,
@@ -292,8 +264,8 @@ def record_payment_node(state: RefundState) -> RefundState:
 def build_graph(checkpointer: BaseCheckpointSaver[Any] | None) -> CompiledStateGraph[Any, Any, Any, Any]:
     g = StateGraph(RefundState)
     nodes = {
+        "review_case": review_case_node,
         "model": model_node,
-        "tools": tools_node,
         "record_verdict": record_verdict_node,
         "notify_approvers": notify_approvers_node,
         "await_approval": await_approval_node,
@@ -303,9 +275,9 @@ def build_graph(checkpointer: BaseCheckpointSaver[Any] | None) -> CompiledStateG
     }
     for name, fn in nodes.items():
         g.add_node(name, fn)
-    g.add_edge(START, "model")
-    g.add_conditional_edges("model", after_model, ["tools", "record_verdict"])
-    g.add_edge("tools", "model")
+    g.add_edge(START, "review_case")
+    g.add_edge("review_case", "model")
+    g.add_edge("model", "record_verdict")
     g.add_conditional_edges("record_verdict", after_verdict, ["notify_approvers", "pay"])
     g.add_edge("notify_approvers", "await_approval")
     g.add_edge("await_approval", "prepare_payment")
@@ -316,8 +288,7 @@ def build_graph(checkpointer: BaseCheckpointSaver[Any] | None) -> CompiledStateG
 
 
 def initial_state(refund_id: str, request: RefundRequest) -> RefundState:
-    first = ModelRequest(parts=[UserPromptPart(prompt_for(request))], instructions=INSTRUCTIONS)
-    return {"refund_id": refund_id, "request": request.model_dump(mode="json"), "messages": _dump([first])}
+    return {"refund_id": refund_id, "request": request.model_dump(mode="json"), "messages": []}
 
 
 def run_refund(graph: CompiledStateGraph[Any, Any, Any, Any], refund_id: str, request: RefundRequest) -> dict[str, Any]:
@@ -328,7 +299,7 @@ def run_refund(graph: CompiledStateGraph[Any, Any, Any, Any], refund_id: str, re
     state = graph.invoke(initial_state(refund_id, request), config, durability=durability)
     if "outcome" not in state:
         raise RuntimeError(f"LangGraph refund {refund_id} did not complete: {sorted(state)}")
-    return dict(state["outcome"])
+    return {**state["outcome"], "usage": state.get("usage")}
 
 
 def run_approved_refund(

@@ -113,6 +113,43 @@ def throughput_table(tp: dict[str, Any]) -> list[str]:
     return lines
 
 
+def round_trip_tables(rt: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    for backend, summary in rt["summary"].items():
+        rows = summary["rows"]
+        lines += [
+            f"**{backend}** (refunds per variant: {rows['dbos']['refunds']}; model latency {rt['model_latency_s']} s)",
+            "",
+            "| variant | latency p50 ms | p90 ms | model requests | tokens in / out | checkpoints |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for row in rows.values():
+            tokens = f"{fmt(row['input_tokens'], 0)} / {fmt(row['output_tokens'], 0)}"
+            cps = fmt(row["checkpoints"], 1) + (f" + {fmt(row['writes'], 0)} writes" if row.get("writes") else "")
+            lines.append(
+                f"| {row['label']} | {fmt(row['latency_p50_ms'])} | {fmt(row['latency_p90_ms'])} | "
+                f"{fmt(row['model_requests'], 1)} | {tokens} | {cps} |"
+            )
+        t = summary["targets"]
+        share = summary["dbos_overhead_share"]
+        lines += [
+            "",
+            f"Durable overhead (median over rounds of DBOS - same path without durability): "
+            f"{fmt(summary['dbos_overhead_ms'])} ms, {fmt(None if share is None else share * 100)}% of the p50 "
+            f"{_met(t['overhead_under_5pct'])}; LangGraph's (saver - no checkpointer): "
+            f"{fmt(summary['langgraph_overhead_ms'])} ms. p50 / (2 x 500 ms) = "
+            f"{fmt(summary['dbos_p50_vs_two_requests'], 2)} {_met(t['p50_le_1_15x_of_2x500ms'])}; "
+            f"model requests <= 2 {_met(t['model_requests_le_2'])}; checkpoints <= 6 {_met(t['checkpoints_le_6'])}.",
+            "",
+        ]
+    lines += ["Checkpoints of each path over its whole life (Postgres; timers included):", ""]
+    lines += ["| path | checkpoints | workflows: steps |", "|---|---:|---|"]
+    for path, found in rt["paths"].items():
+        parts = [f"`{w['workflow']}`: {', '.join(w['steps']) or '(no step)'}" for w in found["workflows"]]
+        lines.append(f"| {path} | {found['checkpoints']} ({found['steps']} steps) | {'; '.join(parts)} |")
+    return lines
+
+
 def tuning_table(tuning: dict[str, Any]) -> list[str]:
     lines = [
         "| knob | backend | workload | product setting | alternative | product | alternative "
@@ -211,7 +248,7 @@ def plots(results: dict[str, Any], out_dir: Path, stamp: str) -> list[str]:
     return names
 
 
-SECTIONS = ("cost", "throughput", "parked", "tuning", "profile")
+SECTIONS = ("cost", "throughput", "parked", "tuning", "profile", "round_trips")
 
 
 def _run_line(meta: dict[str, Any], json_name: str) -> str:
@@ -277,6 +314,9 @@ def _sections(results: dict[str, Any], png_names: list[str]) -> list[str]:
         lines += [f"![parked approvals](results/{n})" for n in png_names if "parked" in n] + [""]
     if "tuning" in results:
         lines += ["#### 4. Tuning", "", *tuning_table(results["tuning"]), ""]
+    if "round_trips" in results:
+        lines += ["#### 5. Round trips per refund (a model answering in 500 ms)", ""]
+        lines += [*round_trip_tables(results["round_trips"]), ""]
     if "profile" in results:
         lines += ["#### Profile of a DBOS refund (cProfile)", "", *profile_table(results["profile"]), ""]
     return lines
