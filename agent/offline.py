@@ -103,14 +103,7 @@ def offline_model_function(messages: list[ModelMessage], info: AgentInfo) -> Mod
             verdict = {"verdict": "needs_approval"}
         else:
             verdict = {"verdict": "auto_approve"}
-    output = {
-        "amount": amount,
-        "currency": currency,
-        "reason": f"Offline model: customer asked about order {order_id}; proposing {amount} {currency} "
-        f"({verdict.get('verdict')}).",
-        "customer_reply": _reply(verdict, amount, currency),
-    }
-    return ModelResponse(parts=[ToolCallPart(info.output_tools[0].name, output)], model_name=OFFLINE_MODEL_NAME)
+    return _proposal(info, order_id, amount, currency, verdict)
 
 
 def _legacy_function(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -134,6 +127,10 @@ def _legacy_function(messages: list[ModelMessage], info: AgentInfo) -> ModelResp
             return ModelResponse(parts=[call], model_name=OFFLINE_MODEL_NAME)
         verdict = returns["request_refund"]
         amount = str(wanted)
+    return _proposal(info, order_id, amount, currency, verdict)
+
+
+def _proposal(info: AgentInfo, order_id: str, amount: str, currency: str, verdict: dict[str, Any]) -> ModelResponse:
     output = {
         "amount": amount,
         "currency": currency,
