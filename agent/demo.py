@@ -135,6 +135,12 @@ class Demo:
 
         status: dict[str, Any] = wait_for(done, timeout=60, what="the refund to complete")
         self.say(f"refund {status['status']}: provider refund {status['payment']['provider_refund_id']}")
+        if status.get("usage"):
+            usage = status["usage"]
+            self.say(
+                f"deciding it took {usage['requests']} model request(s): "
+                f"{usage['input_tokens']} tokens in, {usage['output_tokens']} out"
+            )
         self.report(status, self.provider_refunds("ch_ord_1002"), self.sandbox_stats())
         return all(ok for _, ok in self.checks)
 
