@@ -21,7 +21,7 @@ from agent.domain import RefundRequest
 from agent.problems import Problem
 from agent.settings import Settings
 from agent.status import refund_status
-from agent.submit import SubmissionError, submit_refund
+from agent.submit import KEY_PATTERN, SubmissionError, submit_refund
 from steps.orders import list_orders
 from steps.records import from_minor, quantize
 from steps.store import app_db, refunds
@@ -63,10 +63,24 @@ router = APIRouter(dependencies=[Authorized])
 class RefundIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    order_id: str = Field(min_length=1, max_length=64)
-    message: str = Field(min_length=1, max_length=4000)
-    amount: str | None = Field(default=None, description='decimal string, e.g. "42.50"')
-    currency: str | None = Field(default=None, min_length=3, max_length=3)
+    order_id: str = Field(min_length=1, max_length=64, examples=["ord_1001"])
+    message: str = Field(
+        min_length=1, max_length=4000, description="the customer's words, verbatim", examples=["The mouse broke."]
+    )
+    amount: str | None = Field(
+        default=None,
+        description='what the customer asks for, as a decimal string ("42.50", not 42.5); omit for the full '
+        "refundable balance",
+        examples=["42.50"],
+        json_schema_extra={"pattern": _AMOUNT.pattern},
+    )
+    currency: str | None = Field(
+        default=None,
+        min_length=3,
+        max_length=3,
+        description="ISO 4217 code; must be the order's (default: the order's)",
+        examples=["USD"],
+    )
 
     @field_validator("amount")
     @classmethod
@@ -87,7 +101,16 @@ def create_refund(
     body: RefundIn,
     svc: ServicesDep,
     response: Response,
-    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            description="8-200 letters, digits or `_.:-`; becomes the refund id. The same key with the same "
+            "body returns the same refund; with another body, 409.",
+            examples=["order-1001-2026-12-02"],
+            json_schema_extra={"pattern": KEY_PATTERN},
+        ),
+    ] = None,
 ) -> Accepted:
     """Accept a refund request; the Idempotency-Key becomes the refund id (and the workflow id)."""
     if not idempotency_key:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import signal
 import subprocess
@@ -179,7 +180,11 @@ class Demo:
         print("\nAudit trail: " + " -> ".join(events))
         with app_db().engine.connect() as conn:
             for message in notify.messages(conn, REFUND_ID):
-                print(f"Sent to {message['recipient']} ({message['channel']}): {message['body']}")
+                # The approval link points at `refund-agent serve`, which the demo does not run: show where it leads.
+                body = re.sub(
+                    r"\nDecide: \S+", "\nDecide: <signed approval link to refund-agent serve>", message["body"]
+                )
+                print(f"Sent to {message['recipient']} ({message['channel']}): {body}")
 
     def close(self) -> None:
         for proc in self.procs:

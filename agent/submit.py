@@ -15,7 +15,9 @@ from steps.records import Order, exponent
 from steps.refunds import register_request
 from steps.store import app_db
 
-_KEY = re.compile(r"^[A-Za-z0-9_.:-]{8,200}$")
+KEY_PATTERN = r"^[A-Za-z0-9_.:-]{8,200}$"
+"""What an Idempotency-Key may be: it becomes the refund id and every workflow id of the refund."""
+_KEY = re.compile(KEY_PATTERN)
 
 
 class SubmissionError(Exception):

@@ -47,7 +47,21 @@ SLACK_SECRET = "test-slack-secret"  # configured, so /slack/interactions runs it
 GUARDED = {("POST", "/refunds"), ("GET", "/refunds"), ("GET", "/refunds/{refund_id}"), ("GET", "/orders")}
 
 # The document only: building the app starts nothing (DBOS launches in the lifespan).
-schema = schemathesis.openapi.from_dict(create_app(Settings()).openapi())
+DOCUMENT = create_app(Settings()).openapi()
+schema = schemathesis.openapi.from_dict(DOCUMENT)
+
+
+def _without_examples(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _without_examples(v) for k, v in node.items() if k not in ("example", "examples")}
+    if isinstance(node, list):
+        return [_without_examples(v) for v in node]
+    return node
+
+
+#: For sweeps that draw some values themselves (``@schema.given``), which Schemathesis cannot combine with
+#: the document's examples; ``schema`` exercises those.
+drawn_schema = schemathesis.openapi.from_dict(_without_examples(DOCUMENT))
 
 sqlite_only = pytest.mark.parametrize("env", ["sqlite"], indirect=True)
 # Schemathesis's own case strategies draw from `random`; nothing here to act on.
@@ -139,8 +153,8 @@ KEYS = [f"fuzz-refund-{i:04d}" for i in range(6)]
 
 
 @sqlite_only
-@schema.include(method="POST", path="/refunds").parametrize()
-@schema.given(order_id=st.sampled_from(ORDER_IDS), key=st.sampled_from(KEYS))
+@drawn_schema.include(method="POST", path="/refunds").parametrize()
+@drawn_schema.given(order_id=st.sampled_from(ORDER_IDS), key=st.sampled_from(KEYS))
 @bounded(40)
 def test_refund_requests_on_real_orders_never_get_a_server_error(
     case: Case[Any], order_id: str, key: str, service_url: str
@@ -228,3 +242,15 @@ def test_slack_request_without_a_numeric_timestamp_is_refused_not_a_crash(
         headers["X-Slack-Request-Timestamp"] = timestamp
     response = httpx.post(f"{service_url}/slack/interactions", content=b"payload=%7B%7D", headers=headers, timeout=30)
     assert response.status_code == 401, response.text
+
+
+def test_the_document_states_the_input_rules_a_client_must_follow() -> None:
+    """The Idempotency-Key's pattern and the amount as a decimal string are in the schema, with examples."""
+    document = DOCUMENT
+    post = document["paths"]["/refunds"]["post"]
+    key = next(p for p in post["parameters"] if p["name"] == "Idempotency-Key")
+    assert key["schema"]["pattern"] == r"^[A-Za-z0-9_.:-]{8,200}$" and "8-200" in key["description"]
+    amount = document["components"]["schemas"]["RefundIn"]["properties"]["amount"]
+    assert amount["examples"] == ["42.50"] and "decimal string" in amount["description"]
+    assert {"type": "string"} in amount["anyOf"] and {"type": "number"} not in amount["anyOf"]
+    assert amount["pattern"] == r"^[0-9]{1,12}(\.[0-9]{1,2})?$"
