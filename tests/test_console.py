@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -166,15 +167,20 @@ def test_admin_cancels_and_resumes_a_running_refund_and_a_parked_one_is_not_canc
     refund_id = submit(client, "console-admin-01", "ord_1001", "The mouse is broken.")
     with server.signed_in("ada") as ada:
         token = csrf_of(ada, "/console")
+        assert offered(ada, waiting) == {"fork"}  # parked: nothing runs to cancel or resume
         refused = form(ada, f"/console/refunds/{waiting}/cancel", csrf=token)
         assert refused.status_code == 409 and "waiting for an approval" in refused.text
         wait_for(lambda: _row_status(refund_id) == "paying", timeout=60, what="the payment call")
+        assert offered(ada, refund_id) == {"cancel"}
+        not_now = ada.get(f"/console/refunds/{refund_id}/confirm", params={"action": "resume"})
+        assert 'id="refused"' in not_now.text and "Yes, resume" not in not_now.text
         running = form(ada, f"/console/refunds/{refund_id}/resume", csrf=token)
         assert running.status_code == 409 and "only a cancelled or stuck refund" in running.text
         confirm = ada.get(f"/console/refunds/{refund_id}/confirm", params={"action": "cancel"})
         assert confirm.status_code == 200 and "Yes, cancel" in confirm.text
         assert form(ada, f"/console/refunds/{refund_id}/cancel", csrf=token).status_code == 303
         assert client.retrieve_workflow(refund_id).get_status().status == "CANCELLED"
+        assert offered(ada, refund_id) == {"resume", "fork"}
         assert form(ada, f"/console/refunds/{refund_id}/cancel", csrf=token).status_code == 409
 
         def listed(**filters: str) -> bool:
@@ -188,6 +194,8 @@ def test_admin_cancels_and_resumes_a_running_refund_and_a_parked_one_is_not_canc
         env.sandbox.set_faults(latency_ms=0)
         assert form(ada, f"/console/refunds/{refund_id}/resume", csrf=token).status_code == 303
         assert wait_for_outcome(client, refund_id)["status"] == "completed"
+        assert offered(ada, refund_id) == set()  # paid: a fork would only replay the payment
+        assert "was paid (provider refund" in ada.get(f"/console/refunds/{refund_id}").text
     assert len(env.sandbox.refunds("ch_ord_1001")) == 1
     assert status.parked(client, waiting) is not None  # the parked refund was left as it was
     with app_db().engine.connect() as conn:
@@ -196,6 +204,11 @@ def test_admin_cancels_and_resumes_a_running_refund_and_a_parked_one_is_not_canc
         payloads = conn.execute(sa.select(audit_log.c.payload).where(audit_log.c.event.like("operator_%"))).scalars()
         assert all('"operator": "console:ada"' in p for p in payloads)
     assert events.count("operator_cancelled") == 1 and events.count("operator_resumed") == 1
+
+
+def offered(http: httpx.Client, refund_id: str) -> set[str]:
+    """The admin actions the refund's page offers."""
+    return set(re.findall(r'id="action-(\w+)"', http.get(f"/console/refunds/{refund_id}").text))
 
 
 def _row_status(refund_id: str) -> str | None:

@@ -103,6 +103,8 @@ def test_operator_signs_in_approves_a_pending_refund_and_watches_it_complete(
     expect(page.locator(f'section.execution[data-workflow="{refund_id}/deadline"]')).to_contain_text("Waiting: due")
     expect(page.locator("#chain")).to_contain_text("chain intact")
     expect(page.locator("#audit")).to_contain_text("approval_decided")
+    expect(page.locator("#admin-actions a")).to_have_count(0)  # paid: no action its state would refuse
+    expect(page.locator("#not-offered")).to_contain_text("was paid (provider refund")
     page.screenshot(path=ARTIFACTS / f"refund-{env.backend}.png", full_page=True)
     box = timeline.bounding_box()
     assert box is not None  # the README's picture: the refund at a glance, down to its step timeline

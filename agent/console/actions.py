@@ -58,16 +58,46 @@ def _status_before_cancel(refund_id: str) -> str | None:
     return str(before) if before else None
 
 
+def refusal(client: DBOSClient, refund_id: str, action: Action) -> str | None:
+    """Why ``action`` does not apply to the refund as it is now; None when it does (the page offers it)."""
+    try:
+        wf = _workflow(client, refund_id)
+    except ActionError as error:
+        return str(error)
+    return _refusal(wf, refund_id, action)
+
+
+def _refusal(wf: Any, refund_id: str, action: Action) -> str | None:
+    if action == "cancel":
+        if wf.status == "SUCCESS" and pending_request(refund_id) is not None:
+            return (
+                f"refund {refund_id} is waiting for an approval and nothing of it runs until a decision or its "
+                "deadline: reject it to end it"
+            )
+        if wf.status in (*FINISHED, "CANCELLED"):
+            return f"refund {refund_id} is {wf.status.lower()}; only a running refund can be cancelled"
+        return None
+    if action == "resume":
+        if wf.status in FINISHED:
+            return f"refund {refund_id} has finished; fork it from a step to run part of it again"
+        if wf.status not in RESUMABLE:  # resuming a running workflow would start a second execution of it
+            return f"refund {refund_id} is {wf.status.lower()}; only a cancelled or stuck refund is resumed"
+        return None
+    if wf.status in ("ENQUEUED", "PENDING", "DELAYED"):
+        return f"refund {refund_id} is still running; cancel it before forking it"
+    with app_db().engine.connect() as conn:
+        paid = conn.execute(sa.select(refunds.c.provider_refund_id).where(refunds.c.refund_id == refund_id)).scalar()
+    if paid:
+        return f"refund {refund_id} was paid (provider refund {paid}); a fork would only replay that payment"
+    return None
+
+
 def cancel(client: DBOSClient, refund_id: str, *, operator: str) -> None:
     """Stop the workflow where it is; nothing it has not done yet happens until someone resumes it."""
     wf = _workflow(client, refund_id)
-    if wf.status == "SUCCESS" and pending_request(refund_id) is not None:
-        raise ActionError(
-            f"refund {refund_id} is waiting for an approval and nothing of it runs until a decision or its "
-            "deadline: reject it to end it"
-        )
-    if wf.status in (*FINISHED, "CANCELLED"):
-        raise ActionError(f"refund {refund_id} is {wf.status.lower()}; only a running refund can be cancelled")
+    refused = _refusal(wf, refund_id, "cancel")
+    if refused:
+        raise ActionError(refused)
     client.cancel_workflow(wf.workflow_id)
     _record(refund_id, "operator_cancelled", {"operator": operator, "workflow_status": wf.status}, "cancelled")
 
@@ -75,10 +105,9 @@ def cancel(client: DBOSClient, refund_id: str, *, operator: str) -> None:
 def resume(client: DBOSClient, refund_id: str, *, operator: str) -> None:
     """Continue a cancelled (or stuck) workflow from its last checkpoint, on the refunds queue."""
     wf = _workflow(client, refund_id)
-    if wf.status in FINISHED:
-        raise ActionError(f"refund {refund_id} has finished; fork it from a step to run part of it again")
-    if wf.status not in RESUMABLE:  # resuming a running workflow would start a second execution of it
-        raise ActionError(f"refund {refund_id} is {wf.status.lower()}; only a cancelled or stuck refund is resumed")
+    refused = _refusal(wf, refund_id, "resume")
+    if refused:
+        raise ActionError(refused)
     client.resume_workflow(wf.workflow_id, queue_name=_queue(wf))
     # The row shows where the refund was when it was cancelled (a resumed step that runs again updates it).
     phase = _status_before_cancel(refund_id)
@@ -91,17 +120,11 @@ def fork(client: DBOSClient, refund_id: str, *, step: int, operator: str, app_ve
     The refund id is the workflow's input, so the payment step derives the same idempotency key and
     the provider replays a refund it already made instead of paying twice."""
     wf = _workflow(client, refund_id)
-    if wf.status in ("ENQUEUED", "PENDING", "DELAYED"):
-        raise ActionError(f"refund {refund_id} is still running; cancel it before forking it")
+    refused = _refusal(wf, refund_id, "fork")
+    if refused:
+        raise ActionError(refused)
     with app_db().engine.connect() as conn:
-        row = conn.execute(
-            sa.select(refunds.c.provider_refund_id, refunds.c.status).where(refunds.c.refund_id == refund_id)
-        ).first()
-    paid = row.provider_refund_id if row else None
-    if paid:
-        raise ActionError(
-            f"refund {refund_id} was paid (provider refund {paid}); a fork would only replay that payment"
-        )
+        row = conn.execute(sa.select(refunds.c.status).where(refunds.c.refund_id == refund_id)).first()
     steps = {s["function_id"] for s in client.list_workflow_steps(wf.workflow_id, load_output=False)}
     if step < 1 or (step > 1 and step not in steps):
         raise ActionError(f"refund {refund_id} has no step {step}")

@@ -18,6 +18,7 @@ from agent.console.pages import SessionDep, StateDep
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/console", include_in_schema=False)
+ADMIN_ACTIONS: tuple[actions.Action, ...] = ("cancel", "resume", "fork")
 DONE = {
     "approve": "Approved. The refund continues to payment.",
     "reject": "Rejected. The customer will be told.",
@@ -127,7 +128,9 @@ def refund_page(
     detail = data.refund_detail(svc.client, refund_id, prices=svc.settings.refund_agent_model_prices)
     if detail is None:
         return pages.message(request, state, session, "Not found", f"There is no refund {refund_id}.", 404)
-    return pages.render(request, state, session, "refund.html", r=detail, notice=DONE.get(done or ""))
+    # Only the actions the refund's state allows are offered; the others say why not.
+    offered = {a: actions.refusal(svc.client, refund_id, a) for a in ADMIN_ACTIONS} if session.may("admin") else {}
+    return pages.render(request, state, session, "refund.html", r=detail, notice=DONE.get(done or ""), actions=offered)
 
 
 @router.post("/refunds/{refund_id}/decision")
@@ -170,9 +173,10 @@ def decide(
 
 def _admin_context(svc: Services, refund_id: str, action: str) -> dict[str, Any] | None:
     detail = data.refund_detail(svc.client, refund_id, prices=svc.settings.refund_agent_model_prices)
-    if detail is None or action not in ("cancel", "resume", "fork"):
+    if detail is None or action not in ADMIN_ACTIONS:
         return None
-    return {"r": detail, "action": action}
+    refused = actions.refusal(svc.client, refund_id, action)
+    return {"r": detail, "action": action, "refused": refused}
 
 
 @router.get("/refunds/{refund_id}/confirm")
