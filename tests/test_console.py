@@ -84,6 +84,7 @@ def test_console_pages_need_a_signed_in_operator(env: Env, console: tuple[Consol
         assert detail.status_code == 303
         login = http.get("/console/login")
         assert login.status_code == 200 and "script-src" not in login.headers["content-security-policy"]
+        assert "REFUND_AGENT_OPERATORS" in login.text and "console_admin_password" not in login.text  # configured
         assert "default-src 'none'" in login.headers["content-security-policy"]
         cookie = login.headers["set-cookie"].lower()
         assert "httponly" in cookie and "samesite=lax" in cookie and "path=/console" in cookie
@@ -275,6 +276,8 @@ def test_without_operators_serve_makes_an_admin_whose_password_is_in_a_private_f
         password = path.read_text().strip()
         assert str(path) in caplog.text and password not in caplog.text
         with httpx.Client(base_url=server.base_url) as http:
+            hint = http.get("/console/login").text  # the sign-in page says how to get in the first time
+            assert "sign in as <b>admin</b>" in hint and "console_admin_password" in hint and password not in hint
             fields = {"name": "admin", "password": password, "csrf": csrf_of(http), "next": "/console"}
             assert http.post("/console/login", data=fields).status_code == 303
             assert "admin (admin)" in http.get("/console").text

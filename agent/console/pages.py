@@ -6,6 +6,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
@@ -17,6 +18,7 @@ from markupsafe import Markup, escape
 
 from agent.console import auth
 from agent.settings import Settings
+from steps.records import UnsupportedCurrencyError, format_money
 
 log = logging.getLogger(__name__)
 templates = jinja2.Environment(
@@ -43,8 +45,33 @@ def _reveal(value: object) -> Markup:
     return Markup(INVISIBLE.sub(lambda m: f'<span class="ctl">[U+{ord(m.group()):04X}]</span>', escaped))  # noqa: S704
 
 
+def _money(amount: object, currency: str | None) -> str:
+    """Money the one way the console shows it: thousands separated, the currency's minor units, its code."""
+    if amount in (None, "") or not currency:
+        return "-"
+    try:
+        return format_money(Decimal(str(amount)), currency)
+    except (InvalidOperation, UnsupportedCurrencyError):
+        return f"{amount} {currency}"
+
+
+def _detail(value: object) -> str:
+    """An audit entry's value as a person reads it: no Python reprs (None, True, [...], {...})."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list | tuple):
+        return ", ".join(_detail(v) for v in value) or "-"
+    if isinstance(value, dict):
+        return "; ".join(f"{k}: {_detail(v)}" for k, v in value.items()) or "-"
+    return str(value)
+
+
 templates.filters["when"] = _when
 templates.filters["reveal"] = _reveal
+templates.filters["money"] = _money
+templates.filters["detail"] = _detail
 HEADERS = {
     # No script runs on these pages at all; styles are inline.
     "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
@@ -61,6 +88,8 @@ class ConsoleState:
     secret: bytes
     secure_cookie: bool
     limiter: auth.SignInLimiter = field(default_factory=auth.SignInLimiter)
+    generated_admin: bool = False
+    """No operator was configured: the one account is ``admin``, its password in the data directory."""
 
 
 def setup(app: FastAPI, settings: Settings) -> None:
@@ -73,7 +102,12 @@ def setup(app: FastAPI, settings: Settings) -> None:
             "console: no operators configured; sign in at /console as 'admin' with the password in %s",
             settings.console_admin_password_file(),
         )
-    app.state.console = ConsoleState(operators, settings.session_secret(), settings.public_url.startswith("https"))
+    app.state.console = ConsoleState(
+        operators,
+        settings.session_secret(),
+        settings.public_url.startswith("https"),
+        generated_admin=not settings.refund_agent_operators,
+    )
 
 
 def _state(request: Request) -> ConsoleState:

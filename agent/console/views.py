@@ -30,7 +30,9 @@ DONE = {
 
 @router.get("/login")
 def login_page(request: Request, state: StateDep, session: SessionDep, next: str = "/console") -> Response:
-    return pages.render(request, state, session, "login.html", next=next, error=None)
+    return pages.render(
+        request, state, session, "login.html", next=next, error=None, generated_admin=state.generated_admin
+    )
 
 
 @router.post("/login")
@@ -51,13 +53,29 @@ def login(
     if state.limiter.blocked(name, address):
         log.warning("console: sign-in refused from %s: too many failures", address)
         return pages.render(
-            request, state, session, "login.html", 429, next=next, error="Too many attempts; wait a while."
+            request,
+            state,
+            session,
+            "login.html",
+            429,
+            next=next,
+            error="Too many attempts; wait a while.",
+            generated_admin=state.generated_admin,
         )
     operator = auth.authenticate(state.operators, name, password)
     if operator is None:
         state.limiter.failed(name, address)
         log.warning("console: failed sign-in from %s", address)  # the name field may hold a mistyped password
-        return pages.render(request, state, session, "login.html", 401, next=next, error="Wrong name or password.")
+        return pages.render(
+            request,
+            state,
+            session,
+            "login.html",
+            401,
+            next=next,
+            error="Wrong name or password.",
+            generated_admin=state.generated_admin,
+        )
     state.limiter.succeeded(name)
     log.info("console: %s signed in (%s)", operator.name, operator.role)
     target = next if next.startswith("/console") and not next.startswith("//") else "/console"
