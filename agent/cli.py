@@ -136,6 +136,21 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_steps(args: argparse.Namespace) -> int:
+    from agent.status import step_timeline, timeline_lines, workflows_of
+
+    client = _open()
+    workflows = workflows_of(client, args.refund_id)
+    if not workflows:
+        print(f"no refund {args.refund_id}", file=sys.stderr)
+        return 1
+    print(f"Steps of refund {args.refund_id}, across its {len(workflows)} workflow(s):")
+    print("\n".join(timeline_lines(args.refund_id, step_timeline(client, workflows))))
+    for wf in workflows:
+        print(f"  {wf.workflow_id.removeprefix(args.refund_id) or '(refund)':<10} {wf.name}: {wf.status}")
+    return 0
+
+
 def cmd_decide(args: argparse.Namespace) -> int:
     from agent import approvals
 
@@ -264,6 +279,9 @@ def parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="show a refund's phase, outcome and step timeline")
     status.add_argument("refund_id")
     status.set_defaults(func=cmd_status)
+    steps = sub.add_parser("steps", help="a refund's DBOS steps across its workflows, one line each")
+    steps.add_argument("refund_id")
+    steps.set_defaults(func=cmd_steps)
     for name in ("approve", "reject"):
         d = sub.add_parser(name, help=f"{name} a refund waiting for approval")
         d.add_argument("refund_id")

@@ -17,7 +17,7 @@ from agent import approvals
 from agent.domain import RefundRequest
 from agent.processes import child_env, free_port, http_ok, spawn, stop, wait_for
 from agent.settings import Settings
-from agent.status import parked, refund_status
+from agent.status import parked, refund_status, timeline_lines
 from agent.submit import Submission, submit_refund
 from steps import audit, notify
 from steps.orders import get_order
@@ -172,11 +172,7 @@ class Demo:
         )
         self.check(f"audit chain verifies ({chain.entries} entries)", chain.ok)
         print("\nTimeline of DBOS steps (refund " + REFUND_ID + ", across its workflows):")
-        for step in steps:
-            took = f"{step['duration_ms']:>6} ms" if step["duration_ms"] is not None else "      -"
-            run = step["workflow"].removeprefix(REFUND_ID) or "(refund)"
-            start = (step["start"] or "")[11:23]
-            print(f"  {run:<10} {step['step']:>3}  {step['name']:<34} {start}  {took}  {step['error'] or ''}")
+        print("\n".join(timeline_lines(REFUND_ID, steps)))
         print("\nAudit trail: " + " -> ".join(events))
         with app_db().engine.connect() as conn:
             for message in notify.messages(conn, REFUND_ID):
@@ -204,4 +200,5 @@ def run_demo(settings: Settings, *, out: Callable[[str], None] = print) -> int:
     passed = sum(1 for _, good in demo.checks if good)
     out(f"\n{passed}/{len(demo.checks)} checks passed in {time.monotonic() - demo.t0:.1f}s; logs in {demo.dir}")
     out(f"Inspect it with DBOS's CLI: dbos workflow list -s sqlite:///{demo.dir}/dbos_system.sqlite")
+    out(f"or step by step: REFUND_AGENT_DATA_DIR={demo.dir} refund-agent steps {REFUND_ID}")
     return 0 if ok else 1

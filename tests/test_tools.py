@@ -46,6 +46,13 @@ def test_cli_submits_approves_once_and_reports_status(env: Env, client: DBOSClie
     status = cli(env, "status", "cli-refund-0001")
     assert '"status": "completed"' in status.stdout
     assert len(env.sandbox.refunds("ch_ord_1002")) == 1
+    steps = cli(env, "steps", "cli-refund-0001")  # one line per step, readable in a terminal
+    assert steps.returncode == 0, steps.stderr
+    lines = steps.stdout.splitlines()
+    assert all(len(line) < 120 for line in lines)
+    assert any(line.split()[:3] == ["(refund)", "1", "orders.review_case"] for line in lines)
+    assert any(line.split()[:3] == ["/settle", "4", "payments.issue_refund"] for line in lines)
+    assert cli(env, "steps", "no-such-refund").returncode == 1
 
 
 def test_cli_refuses_bad_input_with_a_message(env: Env, service: runtime.Runtime) -> None:
