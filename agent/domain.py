@@ -95,6 +95,9 @@ class RefundRequest(BaseModel):
 class RefundProposal(BaseModel):
     """What the agent proposes. It is advice: policy decides what is paid."""
 
+    # The field docstrings become the output schema's descriptions: the model reads them.
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     amount: Decimal = Field(ge=0)
     """Amount to refund in the order's currency; 0 when no refund should be made."""
     currency: str
