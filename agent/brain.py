@@ -44,8 +44,9 @@ class AgentDeps:
     limits: policy.Limits
     snapshot: OrderSnapshot | None = None
     """The order policy judges: read by the case file's step (on replay the same value comes back)."""
-    legacy: bool = False
-    """A refund started before the case file: it keeps the look-up tools it began with (agent.legacy)."""
+    instructions: str = ""
+    """The run's instructions when not ``INSTRUCTIONS``: a refund started before the case file keeps the
+    look-up tools and the instructions it began with (agent.legacy)."""
 
 
 def order_view(snapshot: OrderSnapshot, limits: policy.Limits) -> dict[str, Any]:
@@ -82,11 +83,7 @@ def case_view(refund_id: str, request: RefundRequest, case: CaseFile, limits: po
 
 
 def _instructions(ctx: RunContext[AgentDeps]) -> str:
-    if ctx.deps.legacy:
-        from agent.legacy import LEGACY_INSTRUCTIONS
-
-        return LEGACY_INSTRUCTIONS
-    return INSTRUCTIONS
+    return ctx.deps.instructions or INSTRUCTIONS
 
 
 def build_agent(model: Model | str, *, models: dict[str, Model] | None = None) -> Agent[AgentDeps, RefundProposal]:

@@ -111,7 +111,7 @@ async def legacy_refund_workflow(refund_id: str, request: dict[str, Any]) -> dic
     """As refunds ran before the case file: the agent looks things up itself, one model request per tool."""
     rt = current()
     req = RefundRequest.model_validate(request)
-    deps = AgentDeps(refund_id, req, rt.limits, legacy=True)
+    deps = AgentDeps(refund_id, req, rt.limits, instructions=LEGACY_INSTRUCTIONS)
     usage = RunUsage()
     try:
         run = await rt.agent.run(legacy_prompt(req), deps=deps, usage=usage, toolsets=[LOOK_UPS])
