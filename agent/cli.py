@@ -81,7 +81,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
+    from sandbox.ledger import Charge
     from sandbox.payments import run_sandbox
+    from steps.seed import demo_charges
 
     settings = get_settings()
     run_sandbox(
@@ -90,6 +92,9 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
         database_url=args.database_url or settings.sandbox_database_url,
         api_key=None,
         key_ttl_seconds=settings.payments_key_ttl_seconds,
+        charges=[Charge(**c) for c in demo_charges()],
+        webhook_url=args.webhook_url,
+        webhook_secret=args.webhook_secret,
     )
     return 0
 
@@ -253,6 +258,8 @@ def parser() -> argparse.ArgumentParser:
     sb.add_argument("--port", type=int, default=None)
     sb.add_argument("--host", default="127.0.0.1")
     sb.add_argument("--database-url", default=None)
+    sb.add_argument("--webhook-url", default=None, help="POST refund events here (signed when a secret is given)")
+    sb.add_argument("--webhook-secret", default=None, help="the endpoint secret events are signed with")
     sb.set_defaults(func=cmd_sandbox)
     submit = sub.add_parser("submit", help="submit a refund request")
     submit.add_argument("order_id")

@@ -22,7 +22,7 @@ from agent.runtime import Runtime, current
 from steps.faults import crash_point
 from steps.notify import CustomerMessage, notify_approvers_step, slack_approvers_step, slack_enabled
 from steps.orders import load_order_step
-from steps.payments import idempotency_key, issue_refund_step
+from steps.payments import describe_failure, idempotency_key, issue_refund_step
 from steps.records import OrderSnapshot
 from steps.refunds import (
     PaymentPlan,
@@ -147,9 +147,9 @@ async def pay(
             first_attempt_at=plan.first_attempt_at,
         )
     except Exception as error:  # the provider refused or stayed down through every retry
-        log.error("refund %s: payment failed: %s", refund_id, type(error).__name__)
+        log.error("refund %s: payment failed: %s", refund_id, describe_failure(error))
         key = idempotency_key(refund_id, order.order_id)
-        detail = f"payment failed ({type(error).__name__}); fork from the payment step to retry with key {key}"
+        detail = f"payment failed ({describe_failure(error)}); fork from the payment step to retry with key {key}"
         return await finish(refund_id, Phase.FAILED, detail, reply=None)
     message = CustomerMessage(customer_id=order.customer_id, text=reply)
     await call(record_payment_step, refund_id, order.order_id, payment, notify=message)  # book and message together

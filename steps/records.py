@@ -80,14 +80,21 @@ class PastRefund(Record):
     created_at: datetime
 
 
+#: A Stripe refund's status: only ``succeeded`` means the money was sent; ``pending`` and
+#: ``requires_action`` may still end either way; ``failed`` and ``canceled`` are final and sent nothing.
+ProviderRefundStatus = Literal["pending", "requires_action", "succeeded", "failed", "canceled"]
+
+
 class ProviderRefund(Record):
     provider_refund_id: str
     amount: Decimal
     currency: str
-    status: str
+    status: ProviderRefundStatus
     idempotency_key: str
     replayed: bool = False
     reconciled: bool = False
+    #: Stripe's reason when ``status`` is ``failed`` (e.g. ``expired_or_canceled_card``).
+    failure_reason: str | None = None
 
 
 class AuditEntry(Record):

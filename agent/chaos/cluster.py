@@ -137,6 +137,12 @@ class Cluster:
             f"{self.sandbox_url}/_sandbox/faults", json=faults, headers=self.sandbox_auth(), timeout=10
         ).raise_for_status()
 
+    def add_charges(self, charges: list[dict[str, Any]]) -> None:
+        """Tell the sandbox about charges it did not start with (the provider knows what it was paid)."""
+        httpx.post(
+            f"{self.sandbox_url}/_sandbox/charges", json=charges, headers=self.sandbox_auth(), timeout=60
+        ).raise_for_status()
+
     def sandbox_auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.payments_key}"}
 

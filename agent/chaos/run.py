@@ -21,7 +21,7 @@ from dbos import DBOSClient, WorkflowStatus
 from agent.approvals import family
 from agent.chaos.cluster import Cluster
 from agent.chaos.driver import Driver
-from agent.chaos.plan import Plan, insert_orders, make_plan
+from agent.chaos.plan import Plan, insert_orders, make_plan, provider_charges
 from agent.chaos.verdict import TERMINAL, Observed, judge, render
 from agent.domain import refund_id_of
 from agent.status import speaking
@@ -202,6 +202,7 @@ def run_chaos(config: ChaosConfig, *, say: Any = print) -> dict[str, Any]:
     driver: Driver | None = None
     try:
         cluster.start()
+        cluster.add_charges(provider_charges(plan))
         cluster.set_payment_faults(
             fail_rate=config.fail_rate,
             drop_response_rate=config.drop_rate,
