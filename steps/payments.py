@@ -212,11 +212,12 @@ def issue_refund_step(
             continue
         crash_point("after_provider_call")
         record = _to_record(refund, sent)
+        settled = "paid" if record.status == "succeeded" else f"left {record.status}"
         log.info(
-            "refund %s at the provider: %s %s (replayed=%s)",
+            "refund %s %s: provider refund %s (replayed=%s)",
             refund_id,
+            settled,
             record.provider_refund_id,
-            record.status,
             record.replayed,
         )
         return record
