@@ -27,6 +27,7 @@ from steps.records import ProviderRefund, ProviderRefundStatus, from_minor, to_m
 log = logging.getLogger(__name__)
 
 ISSUE_REFUND_STEP = "payments.issue_refund"
+FETCH_REFUND_STEP = "payments.fetch_refund"
 #: Reconcile a little before the provider forgets the key, not after.
 KEY_TTL_MARGIN = timedelta(minutes=30)
 #: Stripe refuses idempotency keys longer than this.
@@ -222,3 +223,16 @@ def issue_refund_step(
         )
         return record
     raise PaymentRefused(f"the provider answered a saved error to all {MAX_ATTEMPT_KEYS} attempt keys")
+
+
+@DBOS.step(
+    name=FETCH_REFUND_STEP,
+    retries_allowed=True,
+    max_attempts=6,
+    interval_seconds=1.0,
+    backoff_rate=2.0,
+    should_retry=_is_transient,
+)
+def fetch_refund_step(provider_refund_id: str, key: str) -> ProviderRefund:
+    """Read a refund the provider has not settled yet (a scheduled re-read, or after its webhook)."""
+    return fetch_refund(provider_refund_id, key)

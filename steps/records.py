@@ -96,6 +96,11 @@ class ProviderRefund(Record):
     #: Stripe's reason when ``status`` is ``failed`` (e.g. ``expired_or_canceled_card``).
     failure_reason: str | None = None
 
+    def __setstate__(self, state: dict[Any, Any]) -> None:
+        # A checkpoint pickled by a release before failure_reason existed has no such attribute.
+        state.get("__dict__", {}).setdefault("failure_reason", None)
+        super().__setstate__(state)
+
 
 class AuditEntry(Record):
     seq: int

@@ -16,7 +16,17 @@ from steps.records import format_money, from_minor
 from steps.store import app_db, approval_decisions, approval_requests, customers, orders, refunds, utc
 
 PAGE_SIZE = 20
-STATUSES = ("received", "deciding", "awaiting_approval", "paying", "completed", "rejected", "failed", "cancelled")
+STATUSES = (
+    "received",
+    "deciding",
+    "awaiting_approval",
+    "paying",
+    "settling",
+    "completed",
+    "rejected",
+    "failed",
+    "cancelled",
+)
 ACTIVE = ("ENQUEUED", "PENDING")  # running or about to; a DELAYED timer is waiting, not running
 _WITH_CUSTOMER = refunds.outerjoin(orders, orders.c.order_id == refunds.c.order_id).outerjoin(
     customers, customers.c.customer_id == orders.c.customer_id
