@@ -205,6 +205,8 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         postgres_url=args.postgres_url,
         fail_rate=args.fail_rate,
         drop_rate=args.drop_rate,
+        pending_rate=args.pending_rate,
+        pending_fail_share=args.pending_fail_share,
         latency_ms=args.latency_ms,
         pg_restart=args.pg_restart,
         max_unanswered=args.max_unanswered,
@@ -227,6 +229,8 @@ def _chaos_parser(sub: Any) -> None:
     c.add_argument("--fail-rate", type=float, default=0.1, help="payment API 500s before applying")
     c.add_argument("--drop-rate", type=float, default=0.1, help="payment applied but its response lost")
     c.add_argument("--latency-ms", type=int, default=20, help="payment API latency")
+    c.add_argument("--pending-rate", type=float, default=0.15, help="provider refunds that settle late (pending)")
+    c.add_argument("--pending-fail-share", type=float, default=0.3, help="of those, the share that then fail")
     c.add_argument("--pg-restart", metavar="VERSION/CLUSTER", help="restart this local cluster once (opt-in)")
     c.add_argument("--max-unanswered", type=int, default=2, help="approval requests left unanswered on purpose")
     c.add_argument("--max-seconds", type=float, default=900, help="bound on the whole run")

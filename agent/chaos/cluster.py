@@ -143,6 +143,13 @@ class Cluster:
             f"{self.sandbox_url}/_sandbox/charges", json=charges, headers=self.sandbox_auth(), timeout=60
         ).raise_for_status()
 
+    def send_webhooks(self, secret: str) -> None:
+        """Point the sandbox's settlement events at the API, signed with its endpoint secret."""
+        target = {"url": f"http://127.0.0.1:{self.api_port}/webhooks/stripe", "secret": secret}
+        httpx.put(
+            f"{self.sandbox_url}/_sandbox/webhook", json=target, headers=self.sandbox_auth(), timeout=10
+        ).raise_for_status()
+
     def sandbox_auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.payments_key}"}
 
