@@ -27,7 +27,9 @@ from steps.records import from_minor, quantize
 from steps.store import app_db, refunds
 
 _AMOUNT = re.compile(r"^[0-9]{1,12}(\.[0-9]{1,2})?$")  # ASCII digits: \d would also match "٤٢"
-Status = Literal["received", "deciding", "awaiting_approval", "paying", "completed", "rejected", "failed", "cancelled"]
+Status = Literal[
+    "received", "deciding", "awaiting_approval", "paying", "settling", "completed", "rejected", "failed", "cancelled"
+]
 
 
 @dataclass

@@ -81,7 +81,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
+    from sandbox.ledger import Charge
     from sandbox.payments import run_sandbox
+    from steps.seed import demo_charges
 
     settings = get_settings()
     run_sandbox(
@@ -90,6 +92,9 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
         database_url=args.database_url or settings.sandbox_database_url,
         api_key=None,
         key_ttl_seconds=settings.payments_key_ttl_seconds,
+        charges=[Charge(**c) for c in demo_charges()],
+        webhook_url=args.webhook_url,
+        webhook_secret=args.webhook_secret,
     )
     return 0
 
@@ -215,6 +220,8 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         postgres_url=args.postgres_url,
         fail_rate=args.fail_rate,
         drop_rate=args.drop_rate,
+        pending_rate=args.pending_rate,
+        pending_fail_share=args.pending_fail_share,
         latency_ms=args.latency_ms,
         pg_restart=args.pg_restart,
         max_unanswered=args.max_unanswered,
@@ -237,6 +244,8 @@ def _chaos_parser(sub: Any) -> None:
     c.add_argument("--fail-rate", type=float, default=0.1, help="payment API 500s before applying")
     c.add_argument("--drop-rate", type=float, default=0.1, help="payment applied but its response lost")
     c.add_argument("--latency-ms", type=int, default=20, help="payment API latency")
+    c.add_argument("--pending-rate", type=float, default=0.15, help="provider refunds that settle late (pending)")
+    c.add_argument("--pending-fail-share", type=float, default=0.3, help="of those, the share that then fail")
     c.add_argument("--pg-restart", metavar="VERSION/CLUSTER", help="restart this local cluster once (opt-in)")
     c.add_argument("--max-unanswered", type=int, default=2, help="approval requests left unanswered on purpose")
     c.add_argument("--max-seconds", type=float, default=900, help="bound on the whole run")
@@ -268,6 +277,8 @@ def parser() -> argparse.ArgumentParser:
     sb.add_argument("--port", type=int, default=None)
     sb.add_argument("--host", default="127.0.0.1")
     sb.add_argument("--database-url", default=None)
+    sb.add_argument("--webhook-url", default=None, help="POST refund events here (signed when a secret is given)")
+    sb.add_argument("--webhook-secret", default=None, help="the endpoint secret events are signed with")
     sb.set_defaults(func=cmd_sandbox)
     submit = sub.add_parser("submit", help="submit a refund request")
     submit.add_argument("order_id")

@@ -34,6 +34,7 @@ class Phase(StrEnum):
     DECIDING = "deciding"
     AWAITING_APPROVAL = "awaiting_approval"
     PAYING = "paying"
+    SETTLING = "settling"  # the provider took the refund but has not settled it (pending)
     COMPLETED = "completed"
     REJECTED = "rejected"
     FAILED = "failed"

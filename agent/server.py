@@ -18,7 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from agent import __version__, api, api_approvals, console, metrics, problems, runtime
+from agent import __version__, api, api_approvals, api_webhooks, console, metrics, problems, runtime
 from agent.processes import child_env, http_ok, spawn, stop, wait_for
 from agent.settings import Settings, get_settings
 from steps.seed import seed
@@ -44,8 +44,18 @@ def _start_sandbox(settings: Settings) -> subprocess.Popen[bytes] | None:
     health = f"{settings.payments_base_url}/_sandbox/healthz"
     if http_ok(health):
         return None
+    webhook = f"http://{settings.refund_agent_host}:{settings.refund_agent_port}/webhooks/stripe"
+    secret = settings.webhook_secret() or ""
     proc = spawn(
-        ["sandbox-payments", "--port", str(settings.payments_sandbox_port)],
+        [
+            "sandbox-payments",
+            "--port",
+            str(settings.payments_sandbox_port),
+            "--webhook-url",
+            webhook,
+            "--webhook-secret",
+            secret,
+        ],
         env=child_env({}),
         log=settings.refund_agent_data_dir / "payments_sandbox.log",
     )
@@ -94,6 +104,7 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Fast
     problems.install(app)
     app.include_router(api.router)
     app.include_router(api_approvals.router)
+    app.include_router(api_webhooks.router)
     app.include_router(console.router)
 
     @app.get("/healthz", tags=["health"])

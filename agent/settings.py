@@ -100,6 +100,10 @@ class Settings(BaseSettings):
     payments_sandbox_port: int = 12111
     payments_key_ttl_seconds: float = 24 * 3600
     """How long the provider remembers idempotency keys (Stripe: 24 h)."""
+    payment_recheck_seconds: float = Field(default=900.0, gt=0)
+    """How often a refund the provider has not settled (pending) is read again, webhooks or not."""
+    stripe_webhook_secret: SecretStr | None = None
+    """The Stripe webhook endpoint's signing secret (``whsec_...``). Unset: generated for the sandbox."""
 
     queue_worker_concurrency: int = 4
     """Refunds a worker decides at once (the ``refunds`` queue)."""
@@ -163,6 +167,12 @@ class Settings(BaseSettings):
         if self.refund_agent_api_token is not None:
             return self.refund_agent_api_token.get_secret_value()
         return self._generated_secret("api_token")
+
+    def webhook_secret(self) -> str | None:
+        """The secret Stripe's events are signed with; the local sandbox gets a generated one."""
+        if self.stripe_webhook_secret is not None:
+            return self.stripe_webhook_secret.get_secret_value()
+        return self._generated_secret("stripe_webhook.key") if self.uses_sandbox else None
 
     def signing_secret(self) -> bytes:
         if self.approval_signing_secret is not None:

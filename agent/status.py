@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from dbos import DBOSClient, WorkflowStatus
 
 from agent.approvals import deadline_id, escalation_id, family, request_view, settle_id
+from agent.settlement import settlement_prefix
 from steps.records import from_minor
 from steps.refunds import approval_request, recorded_decision
 from steps.store import app_db, refunds
@@ -34,9 +35,12 @@ def _ms(value: int | None) -> str | None:
 
 
 def workflows_of(client: DBOSClient, refund_id: str) -> list[WorkflowStatus]:
-    """The refund's workflows and their forks, oldest first."""
+    """The refund's workflows (its settlement's too) and their forks, oldest first."""
     found = client.list_workflows(workflow_ids=family(refund_id), load_input=False, load_output=True)
-    if found:
+    if found:  # and the settlement of a refund the provider settled later (agent/settlement.py)
+        found += client.list_workflows(
+            workflow_id_prefix=settlement_prefix(refund_id), load_input=False, load_output=True
+        )
         ids = [wf.workflow_id for wf in found]
         found += client.list_workflows(forked_from=ids, load_input=False, load_output=True)
     return sorted(found, key=lambda wf: (wf.created_at or 0, wf.workflow_id))
@@ -174,6 +178,8 @@ def refund_status(
         "payment": {
             "provider_refund_id": row.provider_refund_id if row else None,
             "idempotency_key": row.idempotency_key if row else None,
+            "provider_status": row.provider_status if row else None,
+            "failure_reason": row.provider_failure_reason if row else None,
         },
         "outcome": outcome,
         "executor_id": current.executor_id if current else None,

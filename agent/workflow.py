@@ -21,10 +21,11 @@ from agent.brain import AgentDeps, prompt_for
 from agent.domain import ApprovalRecord, Phase, RefundProposal, RefundRequest, Verdict, declined_reply, paid_reply
 from agent.offloop import call
 from agent.runtime import Runtime, current
+from agent.settlement import park_payment, settle
 from steps.faults import crash_point
 from steps.notify import CustomerMessage, notify_approvers_step, slack_approvers_step, slack_enabled
 from steps.orders import review_case_step
-from steps.payments import idempotency_key, issue_refund_step
+from steps.payments import describe_failure, idempotency_key, issue_refund_step
 from steps.records import ModelUsage, OrderSnapshot
 from steps.refunds import (
     PaymentPlan,
@@ -37,6 +38,7 @@ from steps.refunds import (
     record_verdict_step,
     standing_decision_step,
 )
+from steps.settlement import SettlingPayment
 
 log = logging.getLogger(__name__)
 
@@ -182,10 +184,24 @@ async def pay(
             first_attempt_at=plan.first_attempt_at,
         )
     except Exception as error:  # the provider refused or stayed down through every retry
-        log.error("refund %s: payment failed: %s", refund_id, type(error).__name__)
+        log.error("refund %s: payment failed: %s", refund_id, describe_failure(error))
         key = idempotency_key(refund_id, order.order_id)
-        detail = f"payment failed ({type(error).__name__}); fork from the payment step to retry with key {key}"
+        detail = f"payment failed ({describe_failure(error)}); fork from the payment step to retry with key {key}"
         return await finish(refund_id, Phase.FAILED, detail, reply=None)
+    if payment.status in ("pending", "requires_action"):  # the provider has not settled: wait as rows
+        return await park_payment(refund_id, payment)
+    if payment.status != "succeeded":  # failed or canceled at once: nothing was sent
+        settling = SettlingPayment(
+            refund_id=refund_id,
+            order_id=order.order_id,
+            customer_id=order.customer_id,
+            status=Phase.PAYING.value,
+            provider_refund_id=payment.provider_refund_id,
+            idempotency_key=payment.idempotency_key,
+            amount=amount,
+            currency=currency,
+        )
+        return await settle(settling, payment)
     message = CustomerMessage(customer_id=order.customer_id, text=reply)
     await call(record_payment_step, refund_id, order.order_id, payment, notify=message)  # book and message together
     return {

@@ -23,6 +23,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 import psycopg
 import sqlalchemy as sa
 from dbos import DBOSConfig
@@ -119,10 +120,19 @@ def sandbox(workdir: Path) -> Iterator[str]:
     base = f"http://127.0.0.1:{port}"
     try:
         wait_for(lambda: http_ok(f"{base}/_sandbox/healthz"), timeout=60, what="the payments sandbox")
+        add_bench_charges(base)
         yield base
     finally:
         stop(proc, 20)
         log.close()
+
+
+def add_bench_charges(sandbox_url: str) -> None:
+    """The benchmark orders' charges at the sandbox (it starts with the demo orders' only)."""
+    new = [{"id": f"ch_{order_id}", "amount": 100_000_000 - 1, "currency": "usd"} for order_id in BENCH_ORDERS]
+    httpx.post(
+        f"{sandbox_url}/_sandbox/charges", json=new, headers={"Authorization": "Bearer sk_test_bench"}, timeout=30
+    ).raise_for_status()
 
 
 def sandbox_ledger(workdir: Path, sandbox_url: str) -> Path:

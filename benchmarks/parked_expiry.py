@@ -38,7 +38,8 @@ def _ledger_refunds(ledger: Path, prefix: str) -> int:
     """Provider refunds in the sandbox's ledger whose metadata names a refund starting with ``prefix``."""
     with sqlite3.connect(f"file:{ledger}?mode=ro", uri=True) as conn:
         row = conn.execute(
-            "SELECT count(*) FROM sandbox_refund_metadata WHERE key = 'refund_id' AND value LIKE ?", (f"{prefix}%",)
+            "SELECT count(*) FROM sandbox_refunds WHERE json_extract(metadata_json, '$.refund_id') LIKE ?",
+            (f"{prefix}%",),
         ).fetchone()
     return int(row[0])
 

@@ -1,7 +1,7 @@
-"""Storage for the sandbox refunds service: refunds, idempotency keys and counters.
+"""Storage for the sandbox payments service: charges, refunds, idempotency keys, events and counters.
 
 SQLAlchemy Core over a SQLite file or Postgres, so several sandbox processes (and threads) can share
-one database and still agree on idempotency and statistics.
+one database and still agree on idempotency, what is left on a charge, and statistics.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import sqlalchemy as sa
@@ -19,12 +19,26 @@ from sqlalchemy.engine import Connection, Engine
 
 logger = logging.getLogger(__name__)
 
-COUNTERS = ("create_requests", "refunds_applied", "replays", "faults_injected")
+COUNTERS = ("create_requests", "refunds_applied", "replays", "faults_injected", "refunds_failed", "events_delivered")
 _PG_SCHEMA_LOCK = 0x5A4E_D80C  # arbitrary advisory-lock id serialising concurrent create_all on Postgres
+#: Refunds that count against what is left on a charge (a failed or canceled refund gives it back).
+_HOLDING = ("pending", "requires_action", "succeeded")
+#: The Stripe API version the sandbox's objects and events follow.
+API_VERSION = "2025-03-31.basil"
 
 metadata = sa.MetaData()
 _SeqType = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # SQLite only autoincrements INTEGER
 
+charges = sa.Table(
+    "sandbox_charges",
+    metadata,
+    sa.Column("id", sa.String(255), primary_key=True),
+    sa.Column("amount", sa.BigInteger, nullable=False),
+    sa.Column("currency", sa.String(3), nullable=False),
+    sa.Column("amount_refunded", sa.BigInteger, nullable=False),
+    sa.Column("payment_intent", sa.String(255), unique=True),
+    sa.Column("created", sa.BigInteger, nullable=False),
+)
 refunds = sa.Table(
     "sandbox_refunds",
     metadata,
@@ -32,21 +46,18 @@ refunds = sa.Table(
     sa.Column("seq", _SeqType, primary_key=True, autoincrement=True),
     sa.Column("id", sa.String(64), nullable=False, unique=True),
     sa.Column("charge", sa.String(255), nullable=False, index=True),
+    sa.Column("payment_intent", sa.String(255), index=True),
     sa.Column("amount", sa.BigInteger, nullable=False),
     sa.Column("currency", sa.String(3), nullable=False),
     sa.Column("status", sa.String(32), nullable=False),
+    sa.Column("failure_reason", sa.String(64)),
     sa.Column("reason", sa.String(64)),
     sa.Column("metadata_json", sa.Text, nullable=False),
     sa.Column("created", sa.BigInteger, nullable=False),
-)
-# Metadata is duplicated as rows so the list endpoint can filter on it portably in SQL.
-refund_metadata = sa.Table(
-    "sandbox_refund_metadata",
-    metadata,
-    sa.Column("refund_id", sa.String(64), sa.ForeignKey("sandbox_refunds.id"), primary_key=True),
-    sa.Column("key", sa.String(40), primary_key=True),
-    sa.Column("value", sa.String(500), nullable=False),
-    sa.Index("ix_sandbox_refund_metadata_kv", "key", "value"),
+    # A pending refund settles at settle_at (epoch seconds) into settle_to, unless settled by hand first.
+    sa.Column("settle_at", sa.Float),
+    sa.Column("settle_to", sa.String(32)),
+    sa.Column("settle_failure_reason", sa.String(64)),
 )
 idempotency_keys = sa.Table(
     "sandbox_idempotency_keys",
@@ -59,12 +70,48 @@ idempotency_keys = sa.Table(
     sa.Column("response_status", sa.Integer),
     sa.Column("response_body", sa.Text),
 )
+events = sa.Table(
+    "sandbox_events",
+    metadata,
+    sa.Column("seq", _SeqType, primary_key=True, autoincrement=True),
+    sa.Column("id", sa.String(64), nullable=False, unique=True),
+    sa.Column("type", sa.String(64), nullable=False),
+    sa.Column("payload", sa.Text, nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("delivered", sa.Boolean, nullable=False),
+)
 counters = sa.Table(
     "sandbox_counters",
     metadata,
     sa.Column("name", sa.String(64), primary_key=True),
     sa.Column("value", sa.BigInteger, nullable=False),
 )
+
+
+@dataclass(frozen=True)
+class Charge:
+    id: str
+    amount: int
+    currency: str
+    amount_refunded: int = 0
+    payment_intent: str | None = None
+    created: int = 0
+
+    def to_stripe(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "charge",
+            "amount": self.amount,
+            "amount_captured": self.amount,
+            "amount_refunded": self.amount_refunded,
+            "currency": self.currency,
+            "captured": True,
+            "paid": True,
+            "refunded": self.amount_refunded >= self.amount,
+            "payment_intent": self.payment_intent,
+            "status": "succeeded",
+            "created": self.created,
+        }
 
 
 @dataclass(frozen=True)
@@ -77,15 +124,27 @@ class Refund:
     metadata: dict[str, str]
     created: int
     status: str = "succeeded"
+    payment_intent: str | None = None
+    failure_reason: str | None = None
+    settle_at: float | None = field(default=None, compare=False)
+    settle_to: str | None = field(default=None, compare=False)
+    settle_failure_reason: str | None = field(default=None, compare=False)
 
     def to_stripe(self) -> dict[str, Any]:
-        fields = ("amount", "currency", "charge", "status", "reason", "metadata", "created")
-        return {"id": self.id, "object": "refund"} | {f: getattr(self, f) for f in fields}
+        fields = ("amount", "currency", "charge", "payment_intent", "status", "failure_reason", "reason")
+        return (
+            {"id": self.id, "object": "refund"}
+            | {f: getattr(self, f) for f in fields}
+            | {
+                "metadata": self.metadata,
+                "created": self.created,
+            }
+        )
 
 
 @dataclass(frozen=True)
 class Claimed:
-    """The caller now owns the key and must either apply (storing a response) or release it."""
+    """The caller now owns the key and must either save a response for it or release it."""
 
     token: str
 
@@ -102,6 +161,20 @@ class Conflict:
 
 
 ClaimResult = Claimed | Replay | Conflict
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The charge cannot take the refund: Stripe's error code and message."""
+
+    code: Literal["resource_missing", "charge_already_refunded", "amount_too_large"]
+    message: str
+
+
+@dataclass(frozen=True)
+class Settled:
+    refund: Refund
+    event_type: str
 
 
 def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -142,6 +215,16 @@ class Ledger:
         with self.engine.begin() as conn:
             if self._pg:
                 conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_SCHEMA_LOCK})
+            columns = (
+                {c["name"] for c in sa.inspect(conn).get_columns("sandbox_refunds")}
+                if sa.inspect(conn).has_table("sandbox_refunds")
+                else None
+            )
+            if columns is not None and "failure_reason" not in columns:
+                # A ledger from before charges were modelled: it is a sandbox, so start it afresh.
+                logger.warning("sandbox ledger predates charges; dropping its tables")
+                for name in ("sandbox_refund_metadata", "sandbox_refunds", "sandbox_idempotency_keys"):
+                    conn.execute(sa.text(f"DROP TABLE IF EXISTS {name}"))
             metadata.create_all(conn)
         logger.info("sandbox ledger ready at %s", self.engine.url.render_as_string(hide_password=True))
 
@@ -165,6 +248,30 @@ class Ledger:
         found = {str(r.name): int(r.value) for r in rows}
         return {name: found.get(name, 0) for name in COUNTERS}
 
+    # -- charges -------------------------------------------------------------------------------------
+
+    def add_charges(self, new: Iterable[Charge]) -> list[Charge]:
+        """Create charges that do not exist yet (by id); returns every given charge as stored."""
+        stored: list[Charge] = []
+        with self.engine.begin() as conn:
+            for charge in new:
+                conn.execute(self._insert(charges).values(**asdict(charge)).on_conflict_do_nothing())
+                row = conn.execute(sa.select(charges).where(charges.c.id == charge.id)).one()
+                stored.append(Charge(**row._mapping))
+        return stored
+
+    def get_charge(self, charge_id: str) -> Charge | None:
+        with self.engine.begin() as conn:
+            row = conn.execute(sa.select(charges).where(charges.c.id == charge_id)).one_or_none()
+        return None if row is None else Charge(**row._mapping)
+
+    def charge_of_payment_intent(self, payment_intent: str) -> Charge | None:
+        with self.engine.begin() as conn:
+            row = conn.execute(sa.select(charges).where(charges.c.payment_intent == payment_intent)).one_or_none()
+        return None if row is None else Charge(**row._mapping)
+
+    # -- idempotency keys ----------------------------------------------------------------------------
+
     def claim_key(
         self, key: str, fingerprint: str, *, now: float, ttl_seconds: float, stale_after_seconds: float
     ) -> ClaimResult:
@@ -183,7 +290,7 @@ class Ledger:
                 if row is None:
                     continue
                 age = now - row.claimed_at
-                # A crashed holder must not pin the key forever; the token check in apply_refund keeps
+                # A crashed holder must not pin the key forever; the token check when saving keeps
                 # a slow-but-alive holder from committing after being taken over.
                 expired = age >= ttl_seconds or (row.state == "in_flight" and age >= stale_after_seconds)
                 if not expired:
@@ -204,33 +311,65 @@ class Ledger:
         with self.engine.begin() as conn:
             conn.execute(sa.delete(keys).where(keys.c.key == key, keys.c.token == token, keys.c.state == "in_flight"))
 
-    def apply_refund(
-        self, refund: Refund, *, claim: tuple[str, str] | None, response_status: int, response_body: str
-    ) -> bool:
-        """Insert the refund and store the idempotent response in one transaction.
+    def _save(self, conn: Connection, claim: tuple[str, str] | None, status: int, body: str) -> bool:
+        if claim is None:
+            return True
+        keys, (key, token) = idempotency_keys, claim
+        done = conn.execute(
+            sa.update(keys)
+            .where(keys.c.key == key, keys.c.token == token, keys.c.state == "in_flight")
+            .values(state="done", response_status=status, response_body=body)
+        )
+        return done.rowcount == 1
 
-        Returns False, applying nothing, when the claim (key, token) was taken over meanwhile.
+    def save_response(self, claim: tuple[str, str], status: int, body: str) -> bool:
+        """Store a response for the key without applying anything (Stripe's saved errors)."""
+        with self.engine.begin() as conn:
+            return self._save(conn, claim, status, body)
+
+    # -- refunds -------------------------------------------------------------------------------------
+
+    def apply_refund(self, refund: Refund, *, claim: tuple[str, str] | None) -> Refund | Refused | None:
+        """Take the refund from what is left on its charge and save the key's response, in one transaction.
+
+        Returns the refund, Stripe's refusal (also saved for the key), or None, applying nothing, when the
+        claim (key, token) was taken over meanwhile or the charge does not exist (nothing is saved then).
         """
-        keys = idempotency_keys
         with self.engine.connect() as conn:  # explicit commit: a lost claim must roll back everything
-            if claim is not None:
-                key, token = claim
-                done = conn.execute(
-                    sa.update(keys)
-                    .where(keys.c.key == key, keys.c.token == token, keys.c.state == "in_flight")
-                    .values(state="done", response_status=response_status, response_body=response_body)
-                )
-                if done.rowcount != 1:
+            query = sa.select(charges).where(charges.c.id == refund.charge)
+            row = conn.execute(query.with_for_update() if self._pg else query).one_or_none()
+            if row is None:
+                conn.rollback()
+                return Refused("resource_missing", f"No such charge: '{refund.charge}'")
+            charge = Charge(**row._mapping)
+            left = charge.amount - charge.amount_refunded
+            refused: Refused | None = None
+            if left <= 0:
+                refused = Refused("charge_already_refunded", f"Charge {charge.id} has already been refunded.")
+            elif refund.amount > left:
+                message = f"Refund amount ({refund.amount}) is greater than unrefunded amount on charge ({left})"
+                refused = Refused("amount_too_large", message)
+            if refused is not None:
+                error = {"type": "invalid_request_error", "code": refused.code, "message": refused.message}
+                if not self._save(conn, claim, 400, json.dumps({"error": error | {"param": "amount"}})):
                     conn.rollback()
-                    return False
-            values = {c.name: getattr(refund, c.name) for c in refunds.c if hasattr(refund, c.name)}
+                    return None
+                conn.commit()
+                return refused
+            refund = Refund(**(asdict(refund) | {"currency": charge.currency, "payment_intent": charge.payment_intent}))
+            if not self._save(conn, claim, 200, json.dumps(refund.to_stripe())):
+                conn.rollback()
+                return None
+            values = {k: v for k, v in asdict(refund).items() if k != "metadata"}
             conn.execute(refunds.insert().values(**values, metadata_json=json.dumps(refund.metadata)))
-            if refund.metadata:
-                md = [{"refund_id": refund.id, "key": k, "value": v} for k, v in refund.metadata.items()]
-                conn.execute(refund_metadata.insert(), md)
+            conn.execute(
+                sa.update(charges)
+                .where(charges.c.id == charge.id)
+                .values(amount_refunded=charges.c.amount_refunded + refund.amount)
+            )
             self._bump(conn, "refunds_applied", 1)
             conn.commit()
-        return True
+        return refund
 
     def get_refund(self, refund_id: str) -> Refund | None:
         with self.engine.begin() as conn:
@@ -241,23 +380,32 @@ class Ledger:
         self,
         *,
         charge: str | None = None,
-        metadata_filter: Mapping[str, str] | None = None,
+        payment_intent: str | None = None,
+        created: dict[str, int] | None = None,
         limit: int = 10,
         starting_after: str | None = None,
+        ending_before: str | None = None,
     ) -> tuple[list[Refund], bool]:
-        """Newest first; returns (page, has_more)."""
+        """Newest first, by Stripe's filters only; returns (page, has_more)."""
         query = sa.select(refunds)
         if charge is not None:
             query = query.where(refunds.c.charge == charge)
-        for k, v in (metadata_filter or {}).items():
-            md = refund_metadata
-            query = query.where(sa.exists().where(md.c.refund_id == refunds.c.id, md.c.key == k, md.c.value == v))
+        if payment_intent is not None:
+            query = query.where(refunds.c.payment_intent == payment_intent)
+        ops = {"gt": "__gt__", "gte": "__ge__", "lt": "__lt__", "lte": "__le__", "eq": "__eq__"}
+        for op, value in (created or {}).items():
+            query = query.where(getattr(refunds.c.created, ops[op])(value))
+        order = refunds.c.seq.desc()
         if starting_after is not None:
             cursor = sa.select(refunds.c.seq).where(refunds.c.id == starting_after).scalar_subquery()
             query = query.where(refunds.c.seq < cursor)
+        elif ending_before is not None:
+            cursor = sa.select(refunds.c.seq).where(refunds.c.id == ending_before).scalar_subquery()
+            query, order = query.where(refunds.c.seq > cursor), refunds.c.seq.asc()
         with self.engine.begin() as conn:
-            rows = conn.execute(query.order_by(refunds.c.seq.desc()).limit(limit + 1)).all()
-        return [_to_refund(r) for r in rows[:limit]], len(rows) > limit
+            rows = conn.execute(query.order_by(order).limit(limit + 1)).all()
+        page = [_to_refund(r) for r in rows[:limit]]
+        return (page[::-1] if ending_before is not None and starting_after is None else page), len(rows) > limit
 
     def count_refunds(self, *, charge: str | None = None) -> int:
         query = sa.select(sa.func.count()).select_from(refunds)
@@ -265,6 +413,74 @@ class Ledger:
             query = query.where(refunds.c.charge == charge)
         with self.engine.begin() as conn:
             return int(conn.execute(query).scalar_one())
+
+    def settle(self, refund_id: str, to: str, failure_reason: str | None, *, now: float) -> Settled | None:
+        """Move a pending refund to ``to`` (succeeded, failed or canceled) and queue its event, once.
+
+        None when it is not pending (settled already, by the clock or by hand)."""
+        with self.engine.begin() as conn:
+            moved = conn.execute(
+                sa.update(refunds)
+                .where(refunds.c.id == refund_id, refunds.c.status.in_(("pending", "requires_action")))
+                .values(status=to, failure_reason=failure_reason if to == "failed" else None, settle_at=None)
+            )
+            if moved.rowcount != 1:
+                return None
+            refund = _to_refund(conn.execute(sa.select(refunds).where(refunds.c.id == refund_id)).one())
+            if to not in _HOLDING:  # the money goes back on the charge
+                conn.execute(
+                    sa.update(charges)
+                    .where(charges.c.id == refund.charge)
+                    .values(amount_refunded=charges.c.amount_refunded - refund.amount)
+                )
+                self._bump(conn, "refunds_failed", 1)
+            event_type = "refund.failed" if to == "failed" else "refund.updated"
+            event_id = f"evt_{secrets.token_hex(12)}"
+            payload = {
+                "id": event_id,
+                "object": "event",
+                "api_version": API_VERSION,
+                "created": int(now),
+                "livemode": False,
+                "pending_webhooks": 1,
+                "request": {"id": None, "idempotency_key": None},
+                "type": event_type,
+                "data": {"object": refund.to_stripe()},
+            }
+            conn.execute(
+                events.insert().values(
+                    id=event_id, type=event_type, payload=json.dumps(payload), attempts=0, delivered=False
+                )
+            )
+        return Settled(refund, event_type)
+
+    def due_settlements(self, now: float) -> list[Refund]:
+        query = sa.select(refunds).where(refunds.c.status == "pending", refunds.c.settle_at <= now)
+        with self.engine.begin() as conn:
+            return [_to_refund(r) for r in conn.execute(query.order_by(refunds.c.seq).limit(100)).all()]
+
+    # -- events --------------------------------------------------------------------------------------
+
+    def undelivered_events(self, max_attempts: int) -> list[tuple[str, str, dict[str, Any]]]:
+        query = sa.select(events).where(events.c.delivered.is_(False), events.c.attempts < max_attempts)
+        with self.engine.begin() as conn:
+            rows = conn.execute(query.order_by(events.c.seq).limit(100)).all()
+        return [(str(r.id), str(r.type), json.loads(r.payload)) for r in rows]
+
+    def mark_event(self, event_id: str, *, delivered: bool) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                sa.update(events)
+                .where(events.c.id == event_id)
+                .values(attempts=events.c.attempts + 1, delivered=delivered)
+            )
+            if delivered:
+                self._bump(conn, "events_delivered", 1)
+
+    def list_events(self) -> list[dict[str, Any]]:
+        with self.engine.begin() as conn:
+            rows = conn.execute(sa.select(events).order_by(events.c.seq)).all()
+        return [json.loads(r.payload) | {"attempts": r.attempts, "delivered": r.delivered} for r in rows]
 
 
 def _to_refund(row: sa.Row[Any]) -> Refund:

@@ -1,6 +1,8 @@
 """A local Stripe-compatible refunds API (the subset the agent uses) with fault injection.
 
-Serves POST/GET /v1/refunds with Stripe's idempotency-key semantics, plus /_sandbox admin endpoints.
+Serves POST/GET /v1/refunds and GET /v1/charges/{id} with Stripe's idempotency-key semantics (saved
+responses, 5xx included), charges that refuse over-refunds, refunds that settle late or fail with signed
+webhook events, plus /_sandbox admin endpoints.
 """
 
 from __future__ import annotations
@@ -14,18 +16,20 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import parse_qsl
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sandbox.faults import FaultInjector, Faults
-from sandbox.ledger import Claimed, Conflict, Ledger, Refund, Replay
+from sandbox.ledger import Charge, Claimed, Conflict, Ledger, Refund, Refused, Replay
+from sandbox.webhooks import Settler, WebhookTarget
 
 logger = logging.getLogger(__name__)
 
@@ -53,9 +57,12 @@ class StripeError(Exception):
     param: str | None = None
     code: str | None = None
 
-    def response(self) -> Response:
+    def body(self) -> str:
         error = {"type": self.type, "message": self.message, "param": self.param, "code": self.code}
-        return _json(self.status, {"error": {k: v for k, v in error.items() if v is not None}})
+        return json.dumps({"error": {k: v for k, v in error.items() if v is not None}})
+
+    def response(self, headers: dict[str, str] | None = None) -> Response:
+        return _json(self.status, self.body(), headers)
 
 
 def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> Response:
@@ -70,8 +77,9 @@ def _invalid(message: str, param: str, code: str = "parameter_invalid") -> Strip
 
 @dataclasses.dataclass(frozen=True)
 class _CreateParams:
-    charge: str
-    amount: int
+    charge: str | None
+    payment_intent: str | None
+    amount: int | None
     currency: str | None
     reason: str | None
     metadata: dict[str, str]
@@ -95,15 +103,22 @@ def _split_params(pairs: list[tuple[str, str]], allowed: set[str]) -> tuple[dict
 
 
 def _parse_create(pairs: list[tuple[str, str]]) -> _CreateParams:
-    fields, metadata = _split_params(pairs, {"charge", "amount", "currency", "reason"})
-    for required in ("charge", "amount"):
-        if not fields.get(required):
-            raise _invalid(f"Missing required param: {required}.", required, "parameter_missing")
-    if not re.fullmatch(r"-?[0-9]{1,18}", fields["amount"]):
-        raise _invalid(f"Invalid integer: {fields['amount']}", "amount", "parameter_invalid_integer")
-    amount = int(fields["amount"])
-    if not 1 <= amount <= _MAX_AMOUNT:
-        raise _invalid(f"Amount must be between 1 and {_MAX_AMOUNT} (minor units).", "amount")
+    fields, metadata = _split_params(pairs, {"charge", "payment_intent", "amount", "currency", "reason"})
+    if not fields.get("charge") and not fields.get("payment_intent"):
+        raise _invalid(
+            "One of the following params should be provided for this request: charge or payment_intent.",
+            "charge",
+            "parameter_missing",
+        )
+    if fields.get("charge") and fields.get("payment_intent"):
+        raise _invalid("You cannot specify both charge and payment_intent.", "payment_intent")
+    amount: int | None = None
+    if "amount" in fields:
+        if not re.fullmatch(r"-?[0-9]{1,18}", fields["amount"]):
+            raise _invalid(f"Invalid integer: {fields['amount']}", "amount", "parameter_invalid_integer")
+        amount = int(fields["amount"])
+        if not 1 <= amount <= _MAX_AMOUNT:
+            raise _invalid(f"Amount must be between 1 and {_MAX_AMOUNT} (minor units).", "amount")
     currency = fields["currency"].lower() if "currency" in fields else None
     if currency is not None and not re.fullmatch(r"[a-z]{3}", currency):
         raise _invalid(f"Invalid currency: {fields['currency']}", "currency")
@@ -112,7 +127,38 @@ def _parse_create(pairs: list[tuple[str, str]]) -> _CreateParams:
         raise _invalid(f"Invalid reason: must be one of {', '.join(sorted(_REASONS))}", "reason")
     if len(metadata) > 50 or any(len(k) > 40 or len(v) > 500 for k, v in metadata.items()):
         raise _invalid("Metadata allows up to 50 keys of 40 chars with values of 500 chars.", "metadata")
-    return _CreateParams(fields["charge"], amount, currency, reason, metadata)
+    return _CreateParams(
+        fields.get("charge") or None, fields.get("payment_intent") or None, amount, currency, reason, metadata
+    )
+
+
+_CREATED = re.compile(r"created(?:\[(gt|gte|lt|lte)\])?")
+
+
+def _parse_list(pairs: list[tuple[str, str]]) -> dict[str, Any]:
+    """Stripe's filters for GET /v1/refunds: charge, payment_intent, created, and cursors; nothing else."""
+    fields: dict[str, str] = {}
+    created: dict[str, int] = {}
+    for name, value in pairs:
+        if match := _CREATED.fullmatch(name):
+            if not re.fullmatch(r"[0-9]{1,12}", value):
+                raise _invalid(f"Invalid integer: {value}", name, "parameter_invalid_integer")
+            created[match[1] or "eq"] = int(value)
+        elif name in ("charge", "payment_intent", "limit", "starting_after", "ending_before") or name == "expand[]":
+            fields[name] = value
+        else:
+            raise _invalid(f"Received unknown parameter: {name}", name, "parameter_unknown")
+    limit_text = fields.get("limit", "10")
+    if not re.fullmatch(r"[0-9]{1,3}", limit_text) or not 1 <= int(limit_text) <= 100:
+        raise _invalid("limit must be an integer between 1 and 100.", "limit")
+    return {
+        "charge": fields.get("charge"),
+        "payment_intent": fields.get("payment_intent"),
+        "created": created,
+        "limit": int(limit_text),
+        "starting_after": fields.get("starting_after"),
+        "ending_before": fields.get("ending_before"),
+    }
 
 
 def _presented_key(request: Request) -> str | None:
@@ -140,19 +186,28 @@ def create_app(
     faults: Faults | None = None,
     in_flight_timeout_seconds: float = 30.0,
     clock: Callable[[], float] = time.time,
+    charges: Iterable[Charge] = (),
+    webhook_url: str | None = None,
+    webhook_secret: str | None = None,
 ) -> FastAPI:
-    """Build the app; the ledger creates its tables when the app starts (lifespan)."""
+    """Build the app; the ledger creates its tables and ``charges`` when the app starts (lifespan)."""
     ledger = Ledger(database_url)
     injector = FaultInjector(faults or Faults())
+    target = WebhookTarget(webhook_url, webhook_secret)
+    settler = Settler(ledger, target, clock=clock)
+    seeded = list(charges)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         ledger.create_tables()
+        ledger.add_charges(seeded)
+        settler.start()
         yield
+        settler.stop()
         ledger.close()
 
     app = FastAPI(title="refund-agent sandbox payments", lifespan=lifespan)
-    app.state.ledger, app.state.faults = ledger, injector
+    app.state.ledger, app.state.faults, app.state.settler = ledger, injector, settler
 
     def authenticate(request: Request) -> None:
         presented = _presented_key(request)
@@ -163,6 +218,21 @@ def create_app(
 
     auth = [Depends(authenticate)]
 
+    def resolve_charge(params: _CreateParams) -> Charge:
+        charge = (
+            ledger.get_charge(params.charge)
+            if params.charge
+            else ledger.charge_of_payment_intent(params.payment_intent or "")
+        )
+        if charge is None:
+            param, value = ("charge", params.charge) if params.charge else ("payment_intent", params.payment_intent)
+            raise StripeError(404, "invalid_request_error", f"No such {param}: '{value}'", param, "resource_missing")
+        if params.currency is not None and params.currency != charge.currency:
+            # Stripe refunds a charge in its own currency; a refund naming another one is refused.
+            message = f"The currency {params.currency} does not match the charge's currency {charge.currency}."
+            raise _invalid(message, "currency")
+        return charge
+
     @app.post("/v1/refunds", dependencies=auth)
     def create_refund(request: Request, pairs: Annotated[list[tuple[str, str]], Depends(_form_pairs)]) -> Response:
         if (latency := injector.snapshot().latency_ms) > 0:
@@ -172,6 +242,7 @@ def create_app(
         key = request.headers.get("idempotency-key") or None
         if key is not None and len(key) > 255:
             raise _invalid("Idempotency keys can be at most 255 characters long.", "Idempotency-Key")
+        charge = resolve_charge(params)  # validation too: nothing is saved for the key
         echo = {"Idempotency-Key": key} if key else {}
         claim: tuple[str, str] | None = None
         if key is not None:
@@ -185,28 +256,49 @@ def create_app(
                 raise StripeError(status, "idempotency_error", message, code=code)
             assert isinstance(outcome, Claimed)
             claim = (key, outcome.token)
-        fault = injector.decide()
-        if fault == "fail":
-            # Stripe saves nothing for requests that failed before executing, so the key is reusable.
-            if claim is not None:
-                ledger.release_key(*claim)
-            ledger.bump("faults_injected")
-            logger.info("sandbox fault: injected failure before applying refund for %s", params.charge)
-            raise StripeError(500, "api_error", "Injected failure (sandbox fault); nothing was applied.")
-        fields = dataclasses.asdict(params) | {"currency": params.currency or "usd", "created": int(clock())}
-        refund = Refund(id=f"re_{secrets.token_hex(12)}", **fields)
-        body = json.dumps(refund.to_stripe())
         try:
-            applied = ledger.apply_refund(refund, claim=claim, response_status=200, response_body=body)
+            return execute(params, charge, claim, echo)
         except BaseException:
             if claim is not None:  # nothing committed: do not leave the key stuck in flight
                 ledger.release_key(*claim)
             raise
-        if not applied:
+
+    def execute(params: _CreateParams, charge: Charge, claim: tuple[str, str] | None, echo: dict[str, str]) -> Response:
+        """The endpoint has started executing: from here on Stripe saves its answer for the key, 500s included."""
+        fault = injector.decide()
+        if fault == "fail":
+            error = StripeError(500, "api_error", "Injected failure (sandbox fault); nothing was applied.")
+            if claim is not None:
+                ledger.save_response(claim, 500, error.body())
+            ledger.bump("faults_injected")
+            logger.info("sandbox fault: saved a 500 for a refund of %s", charge.id)
+            return _json(500, error.body(), echo)
+        lifecycle = injector.lifecycle()
+        now = clock()
+        settings = injector.snapshot()
+        pending = lifecycle != "succeeded"
+        refund = Refund(
+            id=f"re_{secrets.token_hex(12)}",
+            charge=charge.id,
+            amount=params.amount if params.amount is not None else max(charge.amount - charge.amount_refunded, 1),
+            currency=charge.currency,
+            reason=params.reason,
+            metadata=params.metadata,
+            created=int(now),
+            status="pending" if pending else "succeeded",
+            settle_at=(now + settings.settle_after_ms / 1000) if pending and settings.settle_after_ms >= 0 else None,
+            settle_to=("failed" if lifecycle == "pending_failed" else "succeeded") if pending else None,
+            settle_failure_reason=settings.failure_reason if lifecycle == "pending_failed" else None,
+        )
+        applied = ledger.apply_refund(refund, claim=claim)
+        if applied is None:
             raise StripeError(409, "idempotency_error", "Idempotency key was taken over; retry.")
+        if isinstance(applied, Refused):
+            return StripeError(400, "invalid_request_error", applied.message, "amount", applied.code).response(echo)
+        body = json.dumps(applied.to_stripe())
         if fault == "drop":
             ledger.bump("faults_injected")
-            logger.info("sandbox fault: applied %s but dropping the response", refund.id)
+            logger.info("sandbox fault: applied %s but dropping the response", applied.id)
             raise StripeError(500, "api_error", "Response lost (sandbox fault).")
         return _json(200, body, echo)
 
@@ -220,18 +312,21 @@ def create_app(
 
     @app.get("/v1/refunds", dependencies=auth)
     def list_refunds(request: Request) -> Response:
-        fields, metadata = _split_params(request.query_params.multi_items(), {"charge", "limit", "starting_after"})
-        limit_text = fields.get("limit", "10")
-        if not re.fullmatch(r"[0-9]{1,3}", limit_text) or not 1 <= int(limit_text) <= 100:
-            raise _invalid("limit must be an integer between 1 and 100.", "limit")
-        after = fields.get("starting_after")
-        if after is not None and ledger.get_refund(after) is None:
-            raise _invalid(f"No such refund: '{after}'", "starting_after", "resource_missing")
-        page, has_more = ledger.list_refunds(
-            charge=fields.get("charge"), metadata_filter=metadata, limit=int(limit_text), starting_after=after
-        )
+        filters = _parse_list(request.query_params.multi_items())
+        for cursor in ("starting_after", "ending_before"):
+            if filters[cursor] is not None and ledger.get_refund(filters[cursor]) is None:
+                raise _invalid(f"No such refund: '{filters[cursor]}'", cursor, "resource_missing")
+        page, has_more = ledger.list_refunds(**filters)
         data = [r.to_stripe() for r in page]
         return _json(200, {"object": "list", "data": data, "has_more": has_more, "url": "/v1/refunds"})
+
+    @app.get("/v1/charges/{charge_id}", dependencies=auth)
+    def retrieve_charge(charge_id: str) -> Response:
+        charge = ledger.get_charge(charge_id)
+        if charge is None:
+            message = f"No such charge: '{charge_id}'"
+            raise StripeError(404, "invalid_request_error", message, "id", "resource_missing")
+        return _json(200, charge.to_stripe())
 
     @app.get("/_sandbox/healthz")
     def healthz() -> dict[str, bool]:
@@ -247,6 +342,31 @@ def create_app(
         logger.info("sandbox faults replaced: %s", new)
         return injector.snapshot()
 
+    @app.post("/_sandbox/charges", dependencies=auth)
+    def post_charges(new: list[NewCharge]) -> list[dict[str, Any]]:
+        """Create charges (an id that exists is left as it is); returns them as stored."""
+        made = [Charge(**c.model_dump(), created=int(clock())) for c in new]
+        return [c.to_stripe() for c in ledger.add_charges(made)]
+
+    @app.post("/_sandbox/refunds/{refund_id}/settle", dependencies=auth)
+    def settle_refund(refund_id: str, how: Settlement) -> Response:
+        """Settle a pending refund now (tests), emitting its event; 409 when it is not pending."""
+        if ledger.get_refund(refund_id) is None:
+            raise StripeError(404, "invalid_request_error", f"No such refund: '{refund_id}'", "id", "resource_missing")
+        if ledger.settle(refund_id, how.status, how.failure_reason, now=clock()) is None:
+            raise StripeError(409, "invalid_request_error", f"Refund {refund_id} is not pending.")
+        settler.tick()
+        return retrieve_refund(refund_id)
+
+    @app.put("/_sandbox/webhook", dependencies=auth)
+    def put_webhook(new: WebhookSettings) -> dict[str, str | None]:
+        target.url, target.secret = new.url, new.secret
+        return {"url": target.url}
+
+    @app.get("/_sandbox/events", dependencies=auth)
+    def list_events() -> list[dict[str, Any]]:
+        return ledger.list_events()
+
     @app.exception_handler(StripeError)
     async def stripe_error(_request: Request, exc: StripeError) -> Response:
         return exc.response()
@@ -259,6 +379,24 @@ def create_app(
     return app
 
 
+class NewCharge(BaseModel):
+    id: str = Field(pattern=r"^ch_[A-Za-z0-9_]{1,250}$")
+    amount: int = Field(ge=1, le=_MAX_AMOUNT)
+    currency: str = Field(pattern=r"^[a-z]{3}$")
+    amount_refunded: int = Field(default=0, ge=0)
+    payment_intent: str | None = Field(default=None, pattern=r"^pi_[A-Za-z0-9_]{1,250}$")
+
+
+class Settlement(BaseModel):
+    status: Literal["succeeded", "failed", "canceled"]
+    failure_reason: str | None = None
+
+
+class WebhookSettings(BaseModel):
+    url: str | None = None
+    secret: str | None = None
+
+
 def run_sandbox(
     *,
     host: str,
@@ -267,8 +405,19 @@ def run_sandbox(
     api_key: str | None,
     key_ttl_seconds: float,
     faults: Faults | None = None,
+    charges: Iterable[Charge] = (),
+    webhook_url: str | None = None,
+    webhook_secret: str | None = None,
 ) -> None:
     """Serve the sandbox until interrupted (backs `refund-agent sandbox-payments`)."""
-    app = create_app(database_url=database_url, api_key=api_key, key_ttl_seconds=key_ttl_seconds, faults=faults)
+    app = create_app(
+        database_url=database_url,
+        api_key=api_key,
+        key_ttl_seconds=key_ttl_seconds,
+        faults=faults,
+        charges=charges,
+        webhook_url=webhook_url,
+        webhook_secret=webhook_secret,
+    )
     logger.info("sandbox payments on http://%s:%d (%s)", host, port, "key required" if api_key else "any key")
     uvicorn.run(app, host=host, port=port, log_level="info")

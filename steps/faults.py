@@ -17,6 +17,8 @@ CRASH_POINTS = frozenset(
         "after_continuation_enqueued",  # the continuation is enqueued; the decision has not been sent to it
         "after_decision_sent",  # the decision was sent; the decision workflow has not finished
         "after_approval_received",  # the continuation received the decision; nothing after it has run
+        "after_payment_parked",  # the provider's refund is pending and recorded; no re-read is scheduled yet
+        "after_payment_settled",  # the provider's final answer is booked; the settling workflow has not ended
     }
 )
 

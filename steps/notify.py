@@ -52,6 +52,11 @@ def queue_approvers_message(refund_id: str, *, kind: str, text: str) -> None:
     _queue(f"{refund_id}:approvers:{kind}", refund_id, "approvers", "approvers", text)
 
 
+def queue_operator_alert(refund_id: str, *, kind: str, text: str) -> None:
+    """Tell operators something needs them (e.g. a refund the provider failed), in the caller's transaction."""
+    _queue(f"{refund_id}:operators:{kind}", refund_id, "operators", "operators", text)
+
+
 @transaction("notify.approvers")
 def notify_approvers_step(refund_id: str, *, kind: str, text: str) -> None:
     queue_approvers_message(refund_id, kind=kind, text=text)

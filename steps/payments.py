@@ -1,7 +1,17 @@
-"""Refunds at a Stripe-compatible provider, keyed so that a retried step cannot refund twice."""
+"""Refunds at a Stripe-compatible provider, keyed so that no retry, recovery or fork can refund twice.
+
+Unknown outcomes (a 5xx, a timeout, a dropped connection) are settled by asking the provider, not by
+trusting a retry: a retried attempt first lists the charge's refunds and takes the one whose metadata
+carries this refund's base key. Stripe saves a 5xx for a key once the endpoint started executing and
+replays it for 24 hours, so a key that answered a *replayed* 5xx can never succeed; once a listing made
+after that replay shows the provider holds nothing for the refund, the next attempt key is used
+(``attempt_key(..., n + 1)``). Every create carries the base key in its metadata, so a refund made under
+any attempt key is found by the same listing. README, "Payments", states the rule.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -12,13 +22,20 @@ import stripe
 from dbos import DBOS
 
 from steps.faults import crash_point
-from steps.records import ProviderRefund, from_minor, to_minor
+from steps.records import ProviderRefund, ProviderRefundStatus, from_minor, to_minor
 
 log = logging.getLogger(__name__)
 
 ISSUE_REFUND_STEP = "payments.issue_refund"
+FETCH_REFUND_STEP = "payments.fetch_refund"
 #: Reconcile a little before the provider forgets the key, not after.
 KEY_TTL_MARGIN = timedelta(minutes=30)
+#: Stripe refuses idempotency keys longer than this.
+MAX_PROVIDER_KEY_LENGTH = 255
+#: Attempt keys tried before giving up: each one is spent only by a saved 5xx proven to have made nothing.
+MAX_ATTEMPT_KEYS = 16
+#: A held refund in one of these is the refund (made, or on its way); failed and canceled ones are history.
+_LIVE = ("succeeded", "pending", "requires_action")
 
 
 @dataclass(frozen=True)
@@ -42,18 +59,49 @@ def _client() -> stripe.StripeClient:
     return stripe.StripeClient(_config.api_key, base_addresses={"api": _config.base_url}, max_network_retries=0)
 
 
+class PaymentRefused(Exception):
+    """The provider will not make this refund as asked; retrying cannot change that."""
+
+
+def fit_key(text: str) -> str:
+    """``text`` itself when Stripe accepts its length; else its head and the SHA-256 of all of it."""
+    if len(text) <= MAX_PROVIDER_KEY_LENGTH:
+        return text
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    return f"{text[: MAX_PROVIDER_KEY_LENGTH - len(digest) - 1]}~{digest}"
+
+
 def idempotency_key(refund_id: str, order_id: str) -> str:
-    """Derived from the request key only: a retry, a recovery or a fork sends the same key."""
-    return f"refund:{refund_id}:{order_id}"
+    """The refund's base key, from the request only: a retry, a recovery or a fork sends the same key."""
+    return fit_key(f"refund:{refund_id}:{order_id}")
+
+
+def attempt_key(refund_id: str, order_id: str, n: int) -> str:
+    """Key of the n-th create: the base key first; later ones only after the earlier key was proven spent."""
+    return idempotency_key(refund_id, order_id) if n == 0 else fit_key(f"refund~{n}:{refund_id}:{order_id}")
 
 
 def _is_transient(error: BaseException) -> bool:
-    if isinstance(error, stripe.IdempotencyError):
-        return False  # same key, different parameters: a bug, never retried into a second refund
+    if isinstance(error, stripe.IdempotencyError | PaymentRefused):
+        return False  # same key, different parameters, or a refusal: never retried into a second refund
     if isinstance(error, stripe.APIConnectionError | stripe.RateLimitError):
         return True
     status = getattr(error, "http_status", None)
     return isinstance(error, stripe.StripeError) and (status is None or status >= 500 or status == 409)
+
+
+def _replayed_server_error(error: stripe.StripeError) -> bool:
+    headers = error.headers or {}
+    replayed = str(headers.get("Idempotent-Replayed", headers.get("idempotent-replayed", ""))).lower() == "true"
+    return replayed and (error.http_status or 0) >= 500
+
+
+def describe_failure(error: BaseException) -> str:
+    """One line for the refund's detail: the error's kind and, for Stripe errors, its code."""
+    if isinstance(error, PaymentRefused):
+        return f"{type(error).__name__}: {error}"
+    code = getattr(error, "code", None)
+    return f"{type(error).__name__}: {code}" if code else type(error).__name__
 
 
 def _to_record(refund: stripe.Refund, key: str, *, reconciled: bool = False) -> ProviderRefund:
@@ -63,7 +111,8 @@ def _to_record(refund: stripe.Refund, key: str, *, reconciled: bool = False) -> 
         provider_refund_id=refund.id,
         amount=from_minor(int(refund.amount), currency),
         currency=currency,
-        status=str(refund.status),
+        status=cast(ProviderRefundStatus, str(refund.status)),
+        failure_reason=getattr(refund, "failure_reason", None) or None,
         idempotency_key=key,
         replayed=str(headers.get("Idempotent-Replayed", "")).lower() == "true",
         reconciled=reconciled,
@@ -71,12 +120,38 @@ def _to_record(refund: stripe.Refund, key: str, *, reconciled: bool = False) -> 
 
 
 def find_refund(charge_id: str, key: str) -> stripe.Refund | None:
-    """Look the refund up by its metadata, for when the provider may have forgotten the key."""
+    """The charge's refund whose metadata carries ``key`` (Stripe lists by charge only; we match metadata).
+
+    A live refund wins over failed or canceled ones made under the same key."""
+    found: list[stripe.Refund] = []
     for refund in _client().v1.refunds.list(params={"charge": charge_id, "limit": 100}).auto_paging_iter():
         metadata = cast(dict[str, str], refund.metadata.to_dict() if refund.metadata else {})
         if metadata.get("idempotency_key") == key:
-            return refund
-    return None
+            found.append(refund)
+    return next((r for r in found if r.status in _LIVE), found[0] if found else None)
+
+
+def fetch_refund(provider_refund_id: str, key: str) -> ProviderRefund:
+    """The provider's refund as it stands now (a pending refund is read again until it settles)."""
+    return _to_record(_client().v1.refunds.retrieve(provider_refund_id), key)
+
+
+def _held(charge_id: str, key: str, amount: Decimal, currency: str) -> ProviderRefund | None:
+    """What the provider holds for this refund, checked against what we meant to pay."""
+    refund = find_refund(charge_id, key)
+    if refund is None:
+        return None
+    record = _to_record(refund, key, reconciled=True)
+    if (record.amount, record.currency) != (amount, currency):
+        raise PaymentRefused(f"the provider holds {refund.id} for {record.amount} {record.currency} under this key")
+    return record
+
+
+def _check_currency(charge_id: str, currency: str) -> None:
+    """Stripe refunds a charge in the charge's currency: refuse before paying if that is not the order's."""
+    charge = _client().v1.charges.retrieve(charge_id)
+    if str(charge.currency).upper() != currency:
+        raise PaymentRefused(f"charge {charge_id} is in {str(charge.currency).upper()}, the order in {currency}")
 
 
 @DBOS.step(
@@ -96,30 +171,68 @@ def issue_refund_step(
     currency: str,
     first_attempt_at: datetime,
 ) -> ProviderRefund:
-    """One refund at the provider. Safe to run again: the key makes the provider replay the first result."""
+    """One refund at the provider; returns it with the provider's status (which may not be final yet)."""
     key = idempotency_key(refund_id, order_id)
     assert _config is not None
-    if datetime.now(UTC) - first_attempt_at >= timedelta(seconds=_config.key_ttl_seconds) - KEY_TTL_MARGIN:
-        existing = find_refund(charge_id, key)
-        if existing is not None:
-            log.info("refund %s reconciled with provider refund %s", refund_id, existing.id)
-            return _to_record(existing, key, reconciled=True)
+    step = DBOS.step_status
+    retrying = step is not None and (step.current_attempt or 0) > 0  # the last attempt's outcome is unknown
+    forgetting = datetime.now(UTC) - first_attempt_at >= timedelta(seconds=_config.key_ttl_seconds) - KEY_TTL_MARGIN
+    if (retrying or forgetting) and (held := _held(charge_id, key, amount, currency)) is not None:
+        log.info("refund %s reconciled with provider refund %s", refund_id, held.provider_refund_id)
+        return held
+    _check_currency(charge_id, currency)
     crash_point("before_provider_call")
-    refund = _client().v1.refunds.create(
-        params={
-            "charge": charge_id,
-            "amount": to_minor(amount, currency),
-            "currency": currency.lower(),
-            "metadata": {"refund_id": refund_id, "order_id": order_id, "idempotency_key": key},
-        },
-        options={"idempotency_key": key},
-    )
-    crash_point("after_provider_call")
-    record = _to_record(refund, key)
-    log.info(
-        "refund %s paid: provider refund %s (replayed=%s)",
-        refund_id,
-        record.provider_refund_id,
-        record.replayed,
-    )
-    return record
+    for n in range(MAX_ATTEMPT_KEYS):
+        sent = attempt_key(refund_id, order_id, n)
+        try:
+            refund = _client().v1.refunds.create(
+                params={
+                    "charge": charge_id,
+                    "amount": to_minor(amount, currency),
+                    "metadata": {"refund_id": refund_id, "order_id": order_id, "idempotency_key": key},
+                },
+                options={"idempotency_key": sent},
+            )
+        except stripe.IdempotencyError:
+            # This key was used with other parameters (e.g. by an older release): trust only what is held.
+            if (held := _held(charge_id, key, amount, currency)) is not None:
+                return held
+            raise
+        except stripe.StripeError as error:
+            if not _replayed_server_error(error):
+                raise
+            # The key's saved 5xx is final, and its request is over: a listing now sees whatever it made.
+            if (held := _held(charge_id, key, amount, currency)) is not None:
+                return held
+            log.warning(
+                "refund %s: attempt key %d holds a saved %s, nothing was made; next key",
+                refund_id,
+                n,
+                error.http_status,
+            )
+            continue
+        crash_point("after_provider_call")
+        record = _to_record(refund, sent)
+        settled = "paid" if record.status == "succeeded" else f"left {record.status}"
+        log.info(
+            "refund %s %s: provider refund %s (replayed=%s)",
+            refund_id,
+            settled,
+            record.provider_refund_id,
+            record.replayed,
+        )
+        return record
+    raise PaymentRefused(f"the provider answered a saved error to all {MAX_ATTEMPT_KEYS} attempt keys")
+
+
+@DBOS.step(
+    name=FETCH_REFUND_STEP,
+    retries_allowed=True,
+    max_attempts=6,
+    interval_seconds=1.0,
+    backoff_rate=2.0,
+    should_retry=_is_transient,
+)
+def fetch_refund_step(provider_refund_id: str, key: str) -> ProviderRefund:
+    """Read a refund the provider has not settled yet (a scheduled re-read, or after its webhook)."""
+    return fetch_refund(provider_refund_id, key)

@@ -98,14 +98,26 @@ class CaseFile(Record):
     """The customer's newest refund requests across their orders, newest first."""
 
 
+#: A Stripe refund's status: only ``succeeded`` means the money was sent; ``pending`` and
+#: ``requires_action`` may still end either way; ``failed`` and ``canceled`` are final and sent nothing.
+ProviderRefundStatus = Literal["pending", "requires_action", "succeeded", "failed", "canceled"]
+
+
 class ProviderRefund(Record):
     provider_refund_id: str
     amount: Decimal
     currency: str
-    status: str
+    status: ProviderRefundStatus
     idempotency_key: str
     replayed: bool = False
     reconciled: bool = False
+    #: Stripe's reason when ``status`` is ``failed`` (e.g. ``expired_or_canceled_card``).
+    failure_reason: str | None = None
+
+    def __setstate__(self, state: dict[Any, Any]) -> None:
+        # A checkpoint pickled by a release before failure_reason existed has no such attribute.
+        state.get("__dict__", {}).setdefault("failure_reason", None)
+        super().__setstate__(state)
 
 
 class AuditEntry(Record):

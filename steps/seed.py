@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -52,6 +53,24 @@ ORDERS = [
 ]
 
 
+def charge_id(order_id: str) -> str:
+    return f"ch_{order_id}"
+
+
+def demo_charges() -> list[dict[str, Any]]:
+    """The demo orders' charges as the payment provider holds them (what the sandbox starts with)."""
+    return [
+        {
+            "id": charge_id(order_id),
+            "amount": to_minor(Decimal(captured), currency),
+            "currency": currency.lower(),
+            "amount_refunded": to_minor(Decimal(refunded), currency),
+            "payment_intent": f"pi_{order_id}",
+        }
+        for order_id, _customer, currency, captured, refunded, *_rest in ORDERS
+    ]
+
+
 def seed(engine: sa.Engine, *, reset: bool = False, now: datetime | None = None) -> int:
     """Load the demo data; existing rows are kept unless ``reset``. Returns the number of orders written."""
     now = now or datetime.now(UTC)
@@ -69,7 +88,7 @@ def seed(engine: sa.Engine, *, reset: bool = False, now: datetime | None = None)
                 "amount_refunded_minor": to_minor(Decimal(refunded), currency),
                 "status": status,
                 "paid_at": now - timedelta(days=days),
-                "charge_id": f"ch_{order_id}",
+                "charge_id": charge_id(order_id),
                 "items": items,
                 "notes": notes,
             }

@@ -71,12 +71,16 @@ refunds = sa.Table(
     sa.Column("provider_refund_id", sa.String(64)),
     sa.Column("idempotency_key", sa.String(300)),
     sa.Column("payment_started_at", sa.DateTime(timezone=True)),
+    # The provider's word on the refund: pending / requires_action (settling), succeeded, failed, canceled.
+    sa.Column("provider_status", sa.String(32)),
+    sa.Column("provider_failure_reason", sa.String(64)),
     # Held against the order from the moment the payment is prepared until it is recorded or abandoned.
     sa.Column("reserved_amount_minor", sa.BigInteger),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
     # A customer's history reads the newest refunds of each order; reservations sum an order's refunds.
     sa.Index("ix_refunds_order_id_created_at", "order_id", "created_at"),
+    sa.Index("ix_refunds_provider_refund_id", "provider_refund_id"),  # a provider's webhook names its refund
 )
 
 # One live process per DBOS executor id (agent/heartbeat.py): a lease renewed on the database clock.

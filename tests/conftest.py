@@ -17,8 +17,9 @@ import sqlalchemy as sa
 
 from agent import runtime
 from agent.settings import Settings
+from sandbox.ledger import Charge
 from sandbox.payments import create_app
-from steps.seed import seed
+from steps.seed import demo_charges, seed
 from steps.store import app_db, create_engine
 from tests.servers import ThreadedServer
 
@@ -67,6 +68,7 @@ class SandboxServer(ThreadedServer):
     """The payments sandbox under uvicorn in a thread: it outlives any worker process a test kills."""
 
     def __init__(self, database_url: str, **kwargs: Any) -> None:
+        kwargs.setdefault("charges", [Charge(**c) for c in demo_charges()])  # what the seeded orders were paid with
         super().__init__(create_app(database_url=database_url, api_key=API_KEY, **kwargs))
         self.start()
 
@@ -83,6 +85,11 @@ class SandboxServer(ThreadedServer):
 
     def stats(self) -> dict[str, int]:
         return dict(self._get("/_sandbox/stats"))
+
+    def add_charges(self, *charges: dict[str, Any]) -> None:
+        httpx.post(
+            self.base_url + "/_sandbox/charges", json=list(charges), headers={"Authorization": f"Bearer {API_KEY}"}
+        ).raise_for_status()
 
     def set_faults(self, **faults: Any) -> None:
         httpx.put(

@@ -105,6 +105,23 @@ def test_judge_passes_clean_evidence_and_names_every_kind_of_violation() -> None
     assert any("audit chain broken" in v for v in verdict["violations"])
 
 
+def test_judge_expects_a_refund_the_provider_failed_to_end_failed_and_catches_one_booked_as_paid() -> None:
+    plan, observed, ledger = _clean_evidence()
+    paid = next(p for p in plan.refunds if p.expected == "completed")
+    failed_ledger = [dict(r, status="failed") if r["metadata"]["refund_id"] == paid.refund_id else r for r in ledger]
+    honest = dict(observed)
+    book = to_minor(paid.refunded, paid.currency)  # nothing was paid: the book shows what was refunded before
+    honest[paid.refund_id] = Observed(True, "failed", "SUCCESS", book)
+    verdict = judge(plan, honest, failed_ledger, audit=OK_AUDIT, faults={})
+    assert verdict["ok"], verdict["violations"]
+    assert verdict["refunded"]["failed_at_provider"] == 1
+    booked = judge(plan, observed, failed_ledger, audit=OK_AUDIT, faults={})  # the service says completed
+    assert not booked["ok"] and booked["checks"]["booked_paid_but_failed_at_provider"] == 1
+    assert booked["examples"]["booked_paid_but_failed_at_provider"] == [paid.refund_id]
+    pending_ledger = [dict(r, status="pending") if r["metadata"]["refund_id"] == paid.refund_id else r for r in ledger]
+    assert judge(plan, observed, pending_ledger, audit=OK_AUDIT, faults={})["checks"]["unsettled_at_provider"] == 1
+
+
 def test_judge_catches_a_refund_paid_that_policy_refuses_and_an_overpaid_order() -> None:
     plan, observed, ledger = _clean_evidence(seed=6)
     refused = next(p for p in plan.refunds if p.expected == "rejected" and p.refunded < p.captured)
@@ -157,6 +174,8 @@ def chaos_run(tmp_path_factory: pytest.TempPathFactory) -> ChaosRun:
         fail_rate=0.15,
         drop_rate=0.15,
         latency_ms=20,
+        pending_rate=0.25,
+        pending_fail_share=0.4,
         pg_restart=PRIVATE_CLUSTER if private else None,
         max_seconds=300,
         settle_seconds=150,
@@ -182,6 +201,11 @@ def test_small_chaos_run_with_kills_and_payment_faults_has_no_violation(chaos_ru
     faults = verdict["faults"]
     assert faults.get("sigkills", 0) + faults.get("crash_point_kills", 0) >= 5
     assert faults["payment_faults_injected"] > 0
+    # Refunds that settled late: some failed at the provider and ended failed, none booked as paid.
+    assert faults["provider_settlement_webhooks"] > 0 and faults["provider_refunds_failed_late"] > 0
+    assert verdict["refunded"]["failed_at_provider"] == faults["provider_refunds_failed_late"]
+    assert verdict["checks"]["booked_paid_but_failed_at_provider"] == 0
+    assert verdict["checks"]["unsettled_at_provider"] == 0
 
 
 def test_small_chaos_run_survives_a_postgres_restart(chaos_run: ChaosRun) -> None:

@@ -19,12 +19,13 @@ from agent import approvals, runtime
 from agent.approvals import family
 from agent.domain import RefundRequest
 from agent.processes import child_env, spawn, stop, wait_for
+from agent.settlement import settlement_prefix
 from agent.status import parked, wait_for_outcome
 from agent.submit import submit_refund
 from sandbox.model import FakeOpenAIServer, ScriptedModel
 from steps import audit
 from steps.seed import seed
-from steps.store import app_db, close_app_database, open_app_database
+from steps.store import app_db, close_app_database, open_app_database, orders, outbox
 from tests.conftest import Env
 
 MODEL_REQUESTS_PER_REFUND = 1  # the answer: the case file was read before the model was asked
@@ -61,9 +62,9 @@ class Cluster:
         seed(app_db().engine)
         self.client: DBOSClient = runtime.client(settings)
 
-    def worker(self, name: str, crash_at: str | None = None) -> subprocess.Popen[bytes]:
+    def worker(self, name: str, crash_at: str | None = None, **more: str) -> subprocess.Popen[bytes]:
         extra = {"REFUND_AGENT_CRASH_AT": crash_at} if crash_at else {}
-        proc = spawn(["worker"], env={**self.vars, **extra}, log=self.logs / f"{name}.log")
+        proc = spawn(["worker"], env={**self.vars, **extra, **more}, log=self.logs / f"{name}.log")
         self.procs.append(proc)
         return proc
 
@@ -80,6 +81,7 @@ class Cluster:
     def pending(self, refund_id: str) -> list[str]:
         """The refund's workflows left PENDING (running, or owned by a process that died)."""
         found = self.client.list_workflows(workflow_ids=family(refund_id), load_input=False, load_output=False)
+        found += self.client.list_workflows(workflow_id_prefix=settlement_prefix(refund_id), load_output=False)
         return sorted(w.workflow_id for w in found if w.status == "PENDING")
 
     def finished(self, refund_id: str, timeout: float = 120) -> Any:
@@ -163,3 +165,50 @@ def test_sigkill_at_named_point_then_restart_pays_exactly_once(
         assert audit.verify(conn).ok
         events = [e.event for e in audit.entries(conn, refund_id)]
     assert events.count("refund_paid") == 1
+
+
+# case -> (kill point, how the provider settles the pending refund, provider create calls expected)
+SETTLING = {
+    "pending_after_provider_call": ("after_provider_call", "succeeded", 2),
+    "pending_after_payment_parked": ("after_payment_parked", "succeeded", 1),
+    "pending_failed_after_payment_parked": ("after_payment_parked", "failed", 1),
+    "pending_after_payment_settled": ("after_payment_settled", "succeeded", 1),
+    "pending_failed_after_payment_settled": ("after_payment_settled", "failed", 1),
+}
+
+
+@pytest.mark.parametrize("case", list(SETTLING))
+def test_sigkill_while_the_provider_settles_a_pending_refund_then_restart_settles_it_once(
+    env: Env, cluster: Cluster, model: ScriptedModel, case: str
+) -> None:
+    point, final, provider_calls = SETTLING[case]
+    refund_id = f"crash-{case.replace('_', '-')}"
+    env.sandbox.set_faults(
+        **({"pending_next": 1} if final == "succeeded" else {"pending_fail_next": 1}), settle_after_ms=1500
+    )
+    recheck = {"PAYMENT_RECHECK_SECONDS": "1"}
+    first = cluster.worker("worker-1", crash_at=point, **recheck)
+    request = RefundRequest(order_id="ord_1001", message="It arrived broken; please refund it.")
+    submit_refund(cluster.client, idempotency_key=refund_id, request=request)
+    code = wait_for(first.poll, timeout=90, what="the first worker to die")
+    assert code == -signal.SIGKILL, cluster.dump_logs()
+    assert cluster.pending(refund_id), "the kill left nothing pending"
+
+    cluster.worker("worker-2", **recheck)
+    outcome = cluster.finished(refund_id)
+
+    assert outcome["status"] == ("completed" if final == "succeeded" else "failed"), cluster.dump_logs()
+    [held] = env.sandbox.refunds("ch_ord_1001")
+    assert held["status"] == final
+    stats = env.sandbox.stats()
+    assert (stats["refunds_applied"], stats["create_requests"]) == (1, provider_calls)
+    wait_for(lambda: cluster.pending(refund_id) == [], timeout=30, what="nothing left pending")
+    with app_db().engine.connect() as conn:
+        assert audit.verify(conn).ok
+        events = [e.event for e in audit.entries(conn, refund_id)]
+        refunded = conn.execute(orders.select().where(orders.c.order_id == "ord_1001")).one().amount_refunded_minor
+        sent = conn.execute(outbox.select().where(outbox.c.refund_id == refund_id)).all()
+    assert events.count("refund_paid") == (1 if final == "succeeded" else 0)
+    assert events.count("refund_failed") == (0 if final == "succeeded" else 1)
+    assert refunded == (4200 if final == "succeeded" else 0)
+    assert [m.channel for m in sent] == (["email"] if final == "succeeded" else ["operators"])

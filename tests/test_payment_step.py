@@ -49,21 +49,77 @@ def creates(env: Env) -> int:
     return env.sandbox.stats()["create_requests"]
 
 
-def test_a_provider_failure_is_retried_by_the_step_and_pays_once(env: Env, service: runtime.Runtime) -> None:
+def test_saved_provider_500s_move_on_to_the_next_attempt_key_only_once_nothing_is_held_and_pay_once(
+    env: Env, service: runtime.Runtime
+) -> None:
+    """Stripe replays a saved 500 for its key: each retry lists the charge's refunds, finds none of ours,
+    and only then spends the next key; the third key is paid, once."""
     env.sandbox.set_faults(fail_next=2)
     paid = pay("step-retry-0001")
-    assert creates(env) == 3
+    # attempt 1: key 0 (500); attempt 2: key 0 (replayed 500), key 1 (500); attempt 3: keys 0 and 1 replayed, key 2
+    assert creates(env) == 6
     assert [r["id"] for r in env.sandbox.refunds("ch_ord_1001")] == [paid.provider_refund_id]
     assert (paid.amount, paid.currency, paid.status) == (Decimal("42.00"), "USD", "succeeded")
-    assert paid.idempotency_key == payments.idempotency_key("step-retry-0001", "ord_1001")
+    assert paid.idempotency_key == payments.attempt_key("step-retry-0001", "ord_1001", 2)
+    metadata = env.sandbox.refunds("ch_ord_1001")[0]["metadata"]
+    assert metadata["idempotency_key"] == payments.idempotency_key("step-retry-0001", "ord_1001")
     assert not paid.replayed and not paid.reconciled
 
 
-def test_a_lost_response_is_retried_with_the_same_key_and_replayed(env: Env, service: runtime.Runtime) -> None:
+def test_a_saved_500_left_by_an_earlier_run_is_found_replayed_and_paid_under_the_next_key(
+    env: Env, service: runtime.Runtime
+) -> None:
+    """A run that got a saved 500 and died (here: a call outside a workflow) leaves the key spent; the next
+    run sees the replay, lists the charge's refunds, finds nothing of ours, and pays under key 1."""
+    env.sandbox.set_faults(fail_next=1)
+    with pytest.raises(stripe.APIError):
+        payments.issue_refund_step(
+            refund_id="step-saved-0001",
+            order_id="ord_1001",
+            charge_id="ch_ord_1001",
+            amount=Decimal("42.00"),
+            currency="USD",
+            first_attempt_at=datetime.now(UTC),
+        )
+    paid = pay("step-saved-0001")
+    assert paid.idempotency_key == payments.attempt_key("step-saved-0001", "ord_1001", 1)
+    assert [r["id"] for r in env.sandbox.refunds("ch_ord_1001")] == [paid.provider_refund_id]
+    assert creates(env) == 3
+
+
+def test_a_refund_larger_than_what_is_left_on_the_charge_gets_stripes_error_and_no_retry(
+    env: Env, service: runtime.Runtime
+) -> None:
+    """Our reservation is bypassed here (the step is called directly): the provider's own check answers."""
+    with pytest.raises(stripe.InvalidRequestError) as raised:
+        pay("step-too-large-0001", "42.01")
+    assert raised.value.code == "amount_too_large"
+    assert payments.describe_failure(raised.value) == "InvalidRequestError: amount_too_large"
+    assert creates(env) == 1 and env.sandbox.refunds("ch_ord_1001") == []
+
+
+def test_a_charge_in_another_currency_than_the_order_is_refused_before_anything_is_created(
+    env: Env, service: runtime.Runtime
+) -> None:
+    with pytest.raises(payments.PaymentRefused, match="charge ch_ord_1003 is in EUR, the order in USD"):
+        payments.issue_refund_step(
+            refund_id="step-currency-0001",
+            order_id="ord_1003",
+            charge_id="ch_ord_1003",
+            amount=Decimal("10.00"),
+            currency="USD",
+            first_attempt_at=datetime.now(UTC),
+        )
+    assert creates(env) == 0
+
+
+def test_a_lost_response_is_settled_by_listing_the_charges_refunds_not_by_creating_again(
+    env: Env, service: runtime.Runtime
+) -> None:
     env.sandbox.set_faults(drop_next=1)
     paid = pay("step-dropped-0001")
-    assert creates(env) == 2
-    assert paid.replayed and not paid.reconciled
+    assert creates(env) == 1
+    assert paid.reconciled and not paid.replayed
     assert [r["id"] for r in env.sandbox.refunds("ch_ord_1001")] == [paid.provider_refund_id]
 
 
@@ -71,7 +127,7 @@ def test_the_same_key_with_another_amount_is_refused_at_once_and_never_retried(
     env: Env, service: runtime.Runtime
 ) -> None:
     pay("step-conflict-0001", "42.00")
-    with pytest.raises(stripe.IdempotencyError):
+    with pytest.raises(payments.PaymentRefused, match=r"holds .* for 42\.00 USD under this key"):
         pay("step-conflict-0001", "41.00")
     assert creates(env) == 2
     assert len(env.sandbox.refunds("ch_ord_1001")) == 1
@@ -198,9 +254,9 @@ def test_reconciling_finds_this_requests_refund_among_the_others_on_the_charge(
 ) -> None:
     """Several refund requests on one order share its charge; the lookup by metadata matches the key exactly."""
     payments.configure(payments.PaymentsConfig(env.sandbox.base_url, API_KEY, key_ttl_seconds=3600))
-    ours = pay("step-many-m")
-    others = {pay(refund_id).provider_refund_id for refund_id in ("step-many-a", "step-many-z")}  # newer ones
-    again = pay("step-many-m", first_attempt_at=datetime.now(UTC) - timedelta(hours=2))
+    ours = pay("step-many-m", "14.00")
+    others = {pay(refund_id, "14.00").provider_refund_id for refund_id in ("step-many-a", "step-many-z")}  # newer
+    again = pay("step-many-m", "14.00", first_attempt_at=datetime.now(UTC) - timedelta(hours=2))
     assert again.reconciled and again.provider_refund_id == ours.provider_refund_id
     assert again.provider_refund_id not in others
     assert creates(env) == 3

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from agent import runtime
+from sandbox.ledger import Charge
 from steps import payments
 from steps.records import ProviderRefund
 from tests.conftest import API_KEY, Env, SandboxServer
@@ -26,7 +27,8 @@ class Clock:
 @pytest.fixture
 def forgetful(tmp_path: Path) -> Iterator[tuple[SandboxServer, Clock]]:
     clock = Clock()
-    server = SandboxServer(f"sqlite:///{tmp_path}/forgetful.sqlite", key_ttl_seconds=60, clock=clock)
+    charge = Charge("ch_ord_1001", amount=8400, currency="usd")  # room for the second refund one test shows
+    server = SandboxServer(f"sqlite:///{tmp_path}/forgetful.sqlite", key_ttl_seconds=60, clock=clock, charges=[charge])
     yield server, clock
     server.close()
 

@@ -137,6 +137,19 @@ class Cluster:
             f"{self.sandbox_url}/_sandbox/faults", json=faults, headers=self.sandbox_auth(), timeout=10
         ).raise_for_status()
 
+    def add_charges(self, charges: list[dict[str, Any]]) -> None:
+        """Tell the sandbox about charges it did not start with (the provider knows what it was paid)."""
+        httpx.post(
+            f"{self.sandbox_url}/_sandbox/charges", json=charges, headers=self.sandbox_auth(), timeout=60
+        ).raise_for_status()
+
+    def send_webhooks(self, secret: str) -> None:
+        """Point the sandbox's settlement events at the API, signed with its endpoint secret."""
+        target = {"url": f"http://127.0.0.1:{self.api_port}/webhooks/stripe", "secret": secret}
+        httpx.put(
+            f"{self.sandbox_url}/_sandbox/webhook", json=target, headers=self.sandbox_auth(), timeout=10
+        ).raise_for_status()
+
     def sandbox_auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.payments_key}"}
 

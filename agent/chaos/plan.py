@@ -13,7 +13,7 @@ import random
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Literal
+from typing import Any, Literal
 
 import sqlalchemy as sa
 
@@ -218,6 +218,19 @@ def make_plan(
         payment_fault_seed=rng.randint(0, 2**31),
         submit_gaps_s=gaps,
     )
+
+
+def provider_charges(plan: Plan) -> list[dict[str, Any]]:
+    """The plan's orders' charges as the payment provider holds them (for the sandbox's charge ledger)."""
+    return [
+        {
+            "id": f"ch_{p.order_id}",
+            "amount": to_minor(p.captured, p.currency),
+            "currency": p.currency.lower(),
+            "amount_refunded": to_minor(p.refunded, p.currency),
+        }
+        for p in plan.refunds
+    ]
 
 
 def insert_orders(engine: sa.Engine, plan: Plan, *, now: datetime | None = None) -> None:

@@ -21,7 +21,7 @@ from dbos import DBOSClient, WorkflowStatus
 from agent.approvals import family
 from agent.chaos.cluster import Cluster
 from agent.chaos.driver import Driver
-from agent.chaos.plan import Plan, insert_orders, make_plan
+from agent.chaos.plan import Plan, insert_orders, make_plan, provider_charges
 from agent.chaos.verdict import TERMINAL, Observed, judge, render
 from agent.domain import refund_id_of
 from agent.status import speaking
@@ -48,6 +48,11 @@ class ChaosConfig:
     fail_rate: float = 0.1
     drop_rate: float = 0.1
     latency_ms: int = 20
+    pending_rate: float = 0.15
+    """Share of provider refunds that stay ``pending`` and settle later (by webhook or re-read)."""
+    pending_fail_share: float = 0.3
+    """Of those, the share the provider then fails (``insufficient_funds``): nothing is paid."""
+    settle_after_ms: int = 2000
     pg_restart: str | None = None
     """``VERSION/CLUSTER`` of the local cluster behind ``postgres_url``: restart it once, mid-run."""
     max_unanswered: int = 2
@@ -185,6 +190,8 @@ def run_chaos(config: ChaosConfig, *, say: Any = print) -> dict[str, Any]:
         "APPROVAL_TIMEOUT_SECONDS": "259200",
         "QUEUE_POLLING_INTERVAL_SECONDS": "0.2",
         "NOTIFICATION_POLLING_INTERVAL_SECONDS": "0.2",
+        "STRIPE_WEBHOOK_SECRET": f"whsec_{secrets.token_hex(16)}",
+        "PAYMENT_RECHECK_SECONDS": "3",
     }
     settings = Settings(
         refund_agent_data_dir=config.work_dir, dbos_system_database_url=system_url, database_url=app_url
@@ -202,10 +209,16 @@ def run_chaos(config: ChaosConfig, *, say: Any = print) -> dict[str, Any]:
     driver: Driver | None = None
     try:
         cluster.start()
+        cluster.add_charges(provider_charges(plan))
+        cluster.send_webhooks(env["STRIPE_WEBHOOK_SECRET"])
         cluster.set_payment_faults(
             fail_rate=config.fail_rate,
             drop_response_rate=config.drop_rate,
             latency_ms=config.latency_ms,
+            pending_rate=config.pending_rate,
+            pending_fail_share=config.pending_fail_share,
+            settle_after_ms=config.settle_after_ms,
+            failure_reason="insufficient_funds",
             seed=plan.payment_fault_seed,
         )
         faults_until = t0 + config.max_seconds - config.settle_seconds
@@ -240,6 +253,8 @@ def run_chaos(config: ChaosConfig, *, say: Any = print) -> dict[str, Any]:
             "payment_faults_injected": stats["faults_injected"],
             "provider_create_requests": stats["create_requests"],
             "provider_replays": stats["replays"],
+            "provider_refunds_failed_late": stats["refunds_failed"],
+            "provider_settlement_webhooks": stats["events_delivered"],
             **driver.counts,
         }
         verdict = judge(

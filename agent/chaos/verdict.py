@@ -13,8 +13,10 @@ from typing import Any
 from agent.chaos.plan import Plan
 from steps.records import from_minor, quantize, to_minor
 
-VERDICT_VERSION = 1
+VERDICT_VERSION = 2
 TERMINAL = ("completed", "rejected", "failed", "cancelled")
+#: Ledger refunds that sent nothing: the provider failed or canceled them (possibly after days pending).
+UNPAID = ("failed", "canceled")
 
 
 @dataclass(frozen=True)
@@ -59,11 +61,19 @@ def judge(
     violations: list[str] = list(extra_violations or [])
     duplicates = sum(len(rows) - 1 for rows in by_refund.values() if len(rows) > 1)
     lost, stuck, mismatched, wrong_amount, over_refunded, book_mismatch = [], [], [], [], [], []
+    booked_but_failed, unsettled, failed_late = [], [], []
     outcomes: Counter[str] = Counter()
+    expected_paid: list[tuple[str, Decimal]] = []
     for p in plan.refunds:
         seen = observed.get(p.refund_id)
-        paid_rows = by_refund.get(p.refund_id, [])
+        rows = by_refund.get(p.refund_id, [])
+        paid_rows = [r for r in rows if r.get("status", "succeeded") not in UNPAID]
+        unsettled += [p.refund_id for r in rows if r.get("status") in ("pending", "requires_action")]
         paid = sum((from_minor(int(r["amount"]), p.currency) for r in paid_rows), Decimal(0))
+        # A refund the provider took and then failed ends failed with nothing paid; the plan cannot know which.
+        failed_at_provider = bool(rows) and not paid_rows
+        ends, expected_amount = ("failed", Decimal(0)) if failed_at_provider else (p.expected, p.expected_amount)
+        expected_paid.append((p.currency, expected_amount))
         if seen is None or not seen.accepted:
             outcomes["not_submitted"] += 1
             continue
@@ -72,21 +82,29 @@ def judge(
             outcomes["lost"] += 1
             continue
         outcomes[seen.status] += 1
+        if failed_at_provider:
+            failed_late.append(p.refund_id)
+            if seen.status == "completed":
+                booked_but_failed.append(p.refund_id)
         if seen.status not in TERMINAL and not (p.expected == "awaiting_approval" and seen.status == p.expected):
             stuck.append(p.refund_id)
-        elif seen.status != p.expected:
-            mismatched.append(f"{p.refund_id}: expected {p.expected}, ended {seen.status}")
-        if paid != p.expected_amount:
-            wrong_amount.append(f"{p.refund_id}: expected {p.expected_amount} {p.currency} paid, ledger has {paid}")
+        elif seen.status != ends:
+            mismatched.append(f"{p.refund_id}: expected {ends}, ended {seen.status}")
+        if paid != expected_amount:
+            wrong_amount.append(f"{p.refund_id}: expected {expected_amount} {p.currency} paid, ledger has {paid}")
         if p.refunded + paid > p.captured:
             over_refunded.append(p.order_id)
         if seen.order_refunded_minor is not None and seen.order_refunded_minor != to_minor(
             p.refunded + paid, p.currency
         ):
             book_mismatch.append(f"{p.order_id}: service book {seen.order_refunded_minor}, ledger {p.refunded + paid}")
-    expected_totals = _totals([(p.currency, p.expected_amount) for p in plan.refunds])
+    expected_totals = _totals(expected_paid)
     ledger_totals = _totals(
-        [(str(r["currency"]).upper(), from_minor(int(r["amount"]), str(r["currency"]).upper())) for r in ledger]
+        [
+            (str(r["currency"]).upper(), from_minor(int(r["amount"]), str(r["currency"]).upper()))
+            for r in ledger
+            if r.get("status", "succeeded") not in UNPAID
+        ]
     )
     checks = {
         "not_submitted": outcomes.get("not_submitted", 0),
@@ -98,6 +116,8 @@ def judge(
         "wrong_amounts": len(wrong_amount),
         "over_refunded_orders": len(over_refunded),
         "service_book_mismatches": len(book_mismatch),
+        "booked_paid_but_failed_at_provider": len(booked_but_failed),
+        "unsettled_at_provider": len(unsettled),
     }
     violations += [f"{name}: {count}" for name, count in checks.items() if count]
     if expected_totals != ledger_totals:
@@ -114,7 +134,12 @@ def judge(
         "accepted": sum(1 for o in observed.values() if o.accepted),
         "expected": {k: expected.get(k, 0) for k in ("completed", "rejected", "awaiting_approval")},
         "outcomes": dict(sorted(outcomes.items())),
-        "refunded": {"expected": expected_totals, "ledger": ledger_totals, "ledger_refunds": len(ledger)},
+        "refunded": {
+            "expected": expected_totals,
+            "ledger": ledger_totals,
+            "ledger_refunds": len(ledger),
+            "failed_at_provider": len(failed_late),
+        },
         "checks": checks,
         "audit_chain": audit,
         "faults": dict(sorted(faults.items())),
@@ -126,6 +151,8 @@ def judge(
             "wrong_amounts": wrong_amount[:5],
             "over_refunded_orders": over_refunded[:5],
             "service_book_mismatches": book_mismatch[:5],
+            "booked_paid_but_failed_at_provider": booked_but_failed[:5],
+            "unsettled_at_provider": unsettled[:5],
         },
     }
 

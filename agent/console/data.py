@@ -20,7 +20,17 @@ if TYPE_CHECKING:
     from agent.settings import ModelPrice
 
 PAGE_SIZE = 20
-STATUSES = ("received", "deciding", "awaiting_approval", "paying", "completed", "rejected", "failed", "cancelled")
+STATUSES = (
+    "received",
+    "deciding",
+    "awaiting_approval",
+    "paying",
+    "settling",
+    "completed",
+    "rejected",
+    "failed",
+    "cancelled",
+)
 ACTIVE = ("ENQUEUED", "PENDING")  # running or about to; a DELAYED timer is waiting, not running
 _WITH_CUSTOMER = refunds.outerjoin(orders, orders.c.order_id == refunds.c.order_id).outerjoin(
     customers, customers.c.customer_id == orders.c.customer_id

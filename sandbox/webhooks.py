@@ -1,0 +1,93 @@
+"""Settling pending refunds on the sandbox's clock and delivering their events, signed as Stripe signs them."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from sandbox.ledger import Ledger
+
+logger = logging.getLogger(__name__)
+
+#: Stripe retries a webhook for days; the sandbox gives up on an event after this many attempts.
+MAX_DELIVERY_ATTEMPTS = 50
+
+
+def sign(payload: str, secret: str, timestamp: int) -> str:
+    """The ``Stripe-Signature`` header: ``t=<timestamp>,v1=<HMAC-SHA256(secret, "<timestamp>.<payload>")>``."""
+    mac = hmac.new(secret.encode(), f"{timestamp}.{payload}".encode(), hashlib.sha256).hexdigest()
+    return f"t={timestamp},v1={mac}"
+
+
+@dataclasses.dataclass
+class WebhookTarget:
+    """Where events go (PUT /_sandbox/webhook replaces it); no url: events are kept, not sent."""
+
+    url: str | None = None
+    secret: str | None = None
+
+
+class Settler:
+    """A background thread: settles pending refunds that fell due and delivers undelivered events."""
+
+    def __init__(
+        self, ledger: Ledger, target: WebhookTarget, *, clock: Callable[[], float], interval: float = 0.1
+    ) -> None:
+        self.ledger, self.target, self.clock, self.interval = ledger, target, clock, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sandbox-settler", daemon=True)
+        self._http = httpx.Client(timeout=10)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=15)
+        self._http.close()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.tick()
+            except Exception:  # a sandbox must keep serving: log and try again next tick
+                logger.exception("sandbox settler tick failed")
+
+    def tick(self) -> None:
+        now = self.clock()
+        for refund in self.ledger.due_settlements(now):
+            assert refund.settle_to is not None
+            if self.ledger.settle(refund.id, refund.settle_to, refund.settle_failure_reason, now=now):
+                logger.info("sandbox: refund %s settled %s", refund.id, refund.settle_to)
+        target = dataclasses.replace(self.target)
+        if target.url is None:
+            return
+        for event_id, event_type, event in self.ledger.undelivered_events(MAX_DELIVERY_ATTEMPTS):
+            self.ledger.mark_event(event_id, delivered=self._deliver(target, event))
+            logger.info("sandbox: event %s (%s) for %s", event_id, event_type, _object_id(event))
+
+    def _deliver(self, target: WebhookTarget, event: dict[str, Any]) -> bool:
+        assert target.url is not None
+        payload = json.dumps(event)
+        headers = {"Content-Type": "application/json; charset=utf-8", "User-Agent": "Stripe/1.0 (+sandbox)"}
+        if target.secret:
+            headers["Stripe-Signature"] = sign(payload, target.secret, int(time.time()))
+        try:
+            response = self._http.post(target.url, content=payload, headers=headers)
+        except httpx.HTTPError as error:
+            logger.info("sandbox: webhook to %s failed: %s", target.url, type(error).__name__)
+            return False
+        return 200 <= response.status_code < 300
+
+
+def _object_id(event: dict[str, Any]) -> str:
+    return str(event.get("data", {}).get("object", {}).get("id", "?"))
