@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -12,6 +13,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from agent.settings import get_settings
+from sandbox.webhooks import WEBHOOK_SECRET_ENV
 
 
 def _setup_logging(level: str = "INFO") -> None:
@@ -94,7 +96,7 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
         key_ttl_seconds=settings.payments_key_ttl_seconds,
         charges=[Charge(**c) for c in demo_charges()],
         webhook_url=args.webhook_url,
-        webhook_secret=args.webhook_secret,
+        webhook_secret=args.webhook_secret or os.environ.get(WEBHOOK_SECRET_ENV) or None,
     )
     return 0
 
@@ -278,7 +280,11 @@ def parser() -> argparse.ArgumentParser:
     sb.add_argument("--host", default="127.0.0.1")
     sb.add_argument("--database-url", default=None)
     sb.add_argument("--webhook-url", default=None, help="POST refund events here (signed when a secret is given)")
-    sb.add_argument("--webhook-secret", default=None, help="the endpoint secret events are signed with")
+    sb.add_argument(
+        "--webhook-secret",
+        default=None,
+        help=f"the endpoint secret events are signed with (or ${WEBHOOK_SECRET_ENV}, kept out of the process list)",
+    )
     sb.set_defaults(func=cmd_sandbox)
     submit = sub.add_parser("submit", help="submit a refund request")
     submit.add_argument("order_id")

@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from agent import __version__, api, api_approvals, api_webhooks, console, metrics, problems, runtime
 from agent.processes import child_env, http_ok, spawn, stop, wait_for
 from agent.settings import Settings, get_settings
+from sandbox.webhooks import WEBHOOK_SECRET_ENV
 from steps.seed import seed
 from steps.store import app_db, orders
 
@@ -53,10 +54,8 @@ def _start_sandbox(settings: Settings) -> subprocess.Popen[bytes] | None:
             str(settings.payments_sandbox_port),
             "--webhook-url",
             webhook,
-            "--webhook-secret",
-            secret,
         ],
-        env=child_env({}),
+        env=child_env({WEBHOOK_SECRET_ENV: secret}),  # not an argument: arguments show in the process list
         log=settings.refund_agent_data_dir / "payments_sandbox.log",
     )
     wait_for(lambda: http_ok(health), timeout=30, what="the payments sandbox")

@@ -18,6 +18,8 @@ from sandbox.ledger import Ledger
 
 logger = logging.getLogger(__name__)
 
+#: Where the sandbox reads its endpoint secret from when started as a child process (never an argument).
+WEBHOOK_SECRET_ENV = "SANDBOX_WEBHOOK_SECRET"  # noqa: S105 (the variable's name, not a secret)
 #: Stripe retries a webhook for days; the sandbox gives up on an event after this many attempts.
 MAX_DELIVERY_ATTEMPTS = 50
 

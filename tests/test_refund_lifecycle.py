@@ -92,6 +92,10 @@ def test_pending_then_failed_ends_failed_with_the_reason_released_unsent_and_ale
     refund_id = submit(rechecking, "life-failed-0001")
     ended = until(rechecking, refund_id, "failed")
     assert ended["outcome"]["failure_reason"] == "expired_or_canceled_card"
+    assert (ended["payment"]["provider_status"], ended["payment"]["failure_reason"]) == (
+        "failed",
+        "expired_or_canceled_card",
+    )  # what GET /refunds/{id} and the console show
     settled = row(refund_id)
     assert (settled.provider_status, settled.provider_failure_reason) == ("failed", "expired_or_canceled_card")
     assert settled.reserved_amount_minor is None  # the reservation is released: the order is refundable again
