@@ -19,7 +19,7 @@ from agent.domain import Phase, paid_reply
 from agent.offloop import call
 from agent.runtime import current
 from steps.faults import crash_point
-from steps.notify import CustomerMessage
+from steps.notify import CustomerMessage, slack_enabled, slack_operators_step
 from steps.payments import fetch_refund_step
 from steps.records import ProviderRefund
 from steps.settlement import SettlingPayment, park_payment_step, settle_payment_step, settling_payment_step
@@ -99,6 +99,8 @@ async def settle(settling: SettlingPayment, payment: ProviderRefund) -> dict[str
     crash_point("after_payment_settled")
     if changed and not succeeded:
         log.error("refund %s: provider refund %s %s", refund_id, payment.provider_refund_id, payment.status)
+        if alert is not None and slack_enabled():
+            await call(slack_operators_step, refund_id, text=alert)
     status = Phase.COMPLETED if succeeded else Phase.FAILED
     return {
         "refund_id": refund_id,

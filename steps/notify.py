@@ -110,6 +110,16 @@ def approval_blocks(*, text: str, link: str, token: str) -> list[dict[str, Any]]
     ]
 
 
+@DBOS.step(name="notify.slack_operators", retries_allowed=True, max_attempts=5, interval_seconds=2.0)
+def slack_operators_step(refund_id: str, *, text: str) -> None:
+    """Post an operator alert (a refund the provider failed) to Slack's incoming webhook, when one is configured."""
+    assert _config.slack_webhook_url is not None
+    response = WebhookClient(_config.slack_webhook_url).send(text=f":warning: {text}")
+    if response.status_code >= 400:
+        raise RuntimeError(f"Slack webhook answered {response.status_code} for refund {refund_id}")
+    log.info("operator alert for refund %s posted to Slack", refund_id)
+
+
 @DBOS.step(name="notify.slack_approvers", retries_allowed=True, max_attempts=5, interval_seconds=2.0)
 def slack_approvers_step(refund_id: str, *, text: str, link: str, token: str) -> None:
     """Post the approval request to Slack's incoming webhook (only when one is configured)."""

@@ -25,6 +25,7 @@ from sandbox.webhooks import sign
 from steps import audit
 from steps.seed import seed
 from steps.store import app_db, orders, outbox, refunds
+from tests.capture import CaptureServer
 from tests.conftest import API_KEY, Env
 from tests.servers import ThreadedServer
 
@@ -73,9 +74,15 @@ def chain_ok() -> bool:
 
 
 @pytest.fixture
-def rechecking(env: Env) -> Iterator[DBOSClient]:
+def slack() -> Iterator[CaptureServer]:
+    with CaptureServer() as capture:
+        yield capture
+
+
+@pytest.fixture
+def rechecking(env: Env, slack: CaptureServer) -> Iterator[DBOSClient]:
     """A worker in this process that re-reads a refund the provider has not settled every half second."""
-    rt = runtime.start(env.settings(payment_recheck_seconds=0.5))
+    rt = runtime.start(env.settings(payment_recheck_seconds=0.5, slack_webhook_url=slack.url("webhook")))
     seed(app_db().engine)
     client = runtime.client(rt.settings)
     try:
@@ -86,7 +93,7 @@ def rechecking(env: Env) -> Iterator[DBOSClient]:
 
 
 def test_pending_then_failed_ends_failed_with_the_reason_released_unsent_and_alerted(
-    env: Env, rechecking: DBOSClient
+    env: Env, rechecking: DBOSClient, slack: CaptureServer
 ) -> None:
     env.sandbox.set_faults(pending_fail_next=1, settle_after_ms=400, failure_reason="expired_or_canceled_card")
     refund_id = submit(rechecking, "life-failed-0001")
@@ -106,6 +113,8 @@ def test_pending_then_failed_ends_failed_with_the_reason_released_unsent_and_ale
     assert not [body for channel, body in sent if channel == "email"]  # the customer is never told it was sent
     [alert] = [body for channel, body in sent if channel == "operators"]
     assert refund_id in alert and "expired_or_canceled_card" in alert
+    [posted] = wait_for(lambda: slack.received("webhook") or None, timeout=30, what="the operators' Slack alert")
+    assert refund_id in posted["text"] and "expired_or_canceled_card" in posted["text"]  # and on Slack
     assert env.sandbox.stats()["create_requests"] == 1
     assert chain_ok()
 
