@@ -63,7 +63,8 @@ def cmd_worker(_: argparse.Namespace) -> int:
     if settings.refund_agent_metrics_port is not None:
         metrics.serve_worker_metrics(settings)
     print(f"worker {rt.settings.refund_agent_executor_id} running refunds ({rt.model_label}); Ctrl-C stops it")
-    stop.wait()
+    while not stop.wait(1.0):  # wakes every second, so a signal is acted on even if its wake-up was missed
+        pass
     logging.getLogger(__name__).info(
         "stopping: no new refunds; in-flight ones get %ss to finish", settings.shutdown_timeout_seconds
     )

@@ -107,7 +107,7 @@ def test_unpinned_processes_take_hostname_index_ids_in_turn(env: Env, cluster: C
 @postgres_only
 @pytest.mark.parametrize("env", ["postgres"], indirect=True)
 def test_worker_killed_for_good_survivors_finish_all_fifty_refunds_once(env: Env, cluster: Cluster) -> None:
-    env.sandbox.set_faults(latency_ms=150)  # keeps refunds in flight on both workers
+    env.sandbox.set_faults(latency_ms=1000)  # keeps refunds in flight on both workers until the kill
     cluster.api()
     cluster.worker("worker-a")
     doomed = cluster.worker("worker-b")
