@@ -28,6 +28,7 @@ from steps.store import app_db, orders, outbox, refunds
 from tests.capture import CaptureServer
 from tests.conftest import API_KEY, Env
 from tests.servers import ThreadedServer
+from tests.test_workflow import running
 
 WEBHOOK_SECRET = "whsec_lifecycle_test"
 API_TOKEN = "lifecycle-api-token"
@@ -82,14 +83,8 @@ def slack() -> Iterator[CaptureServer]:
 @pytest.fixture
 def rechecking(env: Env, slack: CaptureServer) -> Iterator[DBOSClient]:
     """A worker in this process that re-reads a refund the provider has not settled every half second."""
-    rt = runtime.start(env.settings(payment_recheck_seconds=0.5, slack_webhook_url=slack.url("webhook")))
-    seed(app_db().engine)
-    client = runtime.client(rt.settings)
-    try:
+    with running(env, payment_recheck_seconds=0.5, slack_webhook_url=slack.url("webhook")) as client:
         yield client
-    finally:
-        client.destroy()
-        runtime.stop()
 
 
 def test_pending_then_failed_ends_failed_with_the_reason_released_unsent_and_alerted(
