@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import cast
+from typing import Any, cast
 
 import stripe
 from dbos import DBOS
@@ -154,13 +154,19 @@ def _check_currency(charge_id: str, currency: str) -> None:
         raise PaymentRefused(f"charge {charge_id} is in {str(charge.currency).upper()}, the order in {currency}")
 
 
+#: Both provider steps retry what may be transient, never a refusal or an idempotency conflict.
+PROVIDER_RETRIES: dict[str, Any] = {
+    "retries_allowed": True,
+    "max_attempts": 6,
+    "interval_seconds": 1.0,
+    "backoff_rate": 2.0,
+    "should_retry": _is_transient,
+}
+
+
 @DBOS.step(
     name=ISSUE_REFUND_STEP,
-    retries_allowed=True,
-    max_attempts=6,
-    interval_seconds=1.0,
-    backoff_rate=2.0,
-    should_retry=_is_transient,
+    **PROVIDER_RETRIES,
 )
 def issue_refund_step(
     *,
@@ -227,11 +233,7 @@ def issue_refund_step(
 
 @DBOS.step(
     name=FETCH_REFUND_STEP,
-    retries_allowed=True,
-    max_attempts=6,
-    interval_seconds=1.0,
-    backoff_rate=2.0,
-    should_retry=_is_transient,
+    **PROVIDER_RETRIES,
 )
 def fetch_refund_step(provider_refund_id: str, key: str) -> ProviderRefund:
     """Read a refund the provider has not settled yet (a scheduled re-read, or after its webhook)."""
