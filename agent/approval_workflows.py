@@ -48,7 +48,8 @@ def _enqueue(name: str, workflow_id: str, *args: Any) -> None:
     DBOS.enqueue_workflow_with_options(options, *args)
 
 
-async def _enqueue_timer(name: str, workflow_id: str, *args: Any, delay: float) -> None:
+async def enqueue_timer(name: str, workflow_id: str, *args: Any, delay: float) -> None:
+    """A version-less DELAYED workflow on the approvals queue, behind decisions and continuations."""
     options: EnqueueOptions = {
         "queue_name": APPROVAL_QUEUE,
         "workflow_name": name,
@@ -65,11 +66,11 @@ async def start_timers(request: ApprovalRequest, config: ApprovalSettings) -> No
     Delays are taken from the recorded request, not from a clock, so a replay computes the same ones."""
     refund_id, amount, currency = request.refund_id, str(request.amount), request.currency
     expires_in = (request.expires_at - request.requested_at).total_seconds()
-    await _enqueue_timer(DEADLINE_WORKFLOW, deadline_id(refund_id), refund_id, amount, currency, delay=expires_in)
+    await enqueue_timer(DEADLINE_WORKFLOW, deadline_id(refund_id), refund_id, amount, currency, delay=expires_in)
     escalates_in = (request.escalate_at - request.requested_at).total_seconds()
     if escalates_in < expires_in:
         expires = request.expires_at.isoformat()
-        await _enqueue_timer(
+        await enqueue_timer(
             ESCALATION_WORKFLOW, escalation_id(refund_id), refund_id, amount, currency, expires, delay=escalates_in
         )
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from dbos import DBOS, EnqueueOptions
 
+from agent.approval_workflows import enqueue_timer
 from agent.approvals import APPROVAL_QUEUE
 from agent.domain import Phase, paid_reply
 from agent.offloop import call
@@ -31,8 +32,6 @@ PAYMENT_CHECK_WORKFLOW = "payment_check_workflow"
 PAYMENT_EVENT_WORKFLOW = "payment_event_workflow"
 #: Statuses after which the provider never changes its mind about a refund.
 FINAL = ("succeeded", "failed", "canceled")
-#: Checks are timers, like approval deadlines: behind decisions and continuations on the queue.
-CHECK_PRIORITY = 100
 
 
 def settlement_prefix(refund_id: str) -> str:
@@ -58,14 +57,8 @@ def event_options(refund_id: str, status: str) -> EnqueueOptions:
 
 
 async def _schedule_check(refund_id: str, n: int) -> None:
-    options: EnqueueOptions = {
-        "queue_name": APPROVAL_QUEUE,
-        "workflow_name": PAYMENT_CHECK_WORKFLOW,
-        "workflow_id": check_id(refund_id, n),
-        "delay_seconds": current().settings.payment_recheck_seconds,
-        "priority": CHECK_PRIORITY,
-    }
-    await DBOS.enqueue_workflow_with_options_async(options, refund_id, n)
+    delay = current().settings.payment_recheck_seconds
+    await enqueue_timer(PAYMENT_CHECK_WORKFLOW, check_id(refund_id, n), refund_id, n, delay=delay)
 
 
 async def park_payment(refund_id: str, payment: ProviderRefund) -> dict[str, Any]:
