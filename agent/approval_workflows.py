@@ -30,8 +30,8 @@ from agent.approvals import (
     link,
     settle_id,
 )
+from agent.context import current
 from agent.domain import ApprovalRecord, declined_reply
-from agent.runtime import current
 from steps.faults import crash_point
 from steps.records import ApprovalRequest
 from steps.refunds import escalate_approval_step, expire_approval_step, record_decision_step

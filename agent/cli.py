@@ -9,11 +9,17 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
+from importlib.metadata import entry_points
 from typing import Any
 
 from agent.settings import get_settings
 from sandbox.webhooks import WEBHOOK_SECRET_ENV
+
+#: Entry points that add subcommands: each is ``register(subparsers)``. The tools that exercise the product
+#: from outside (``proving``: demo, chaos, eval) join the command line this way, so the product never imports them.
+COMMANDS_GROUP = "refund_agent.commands"
 
 
 def _setup_logging(level: str = "INFO") -> None:
@@ -49,7 +55,9 @@ EXIT_EXECUTOR_ID_IN_USE = 3
 
 
 def cmd_worker(_: argparse.Namespace) -> int:
-    from agent import heartbeat, metrics, runtime
+    from agent import runtime
+    from agent.http import metrics
+    from agent.ops import heartbeat
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -73,7 +81,7 @@ def cmd_worker(_: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from agent.server import serve
+    from agent.http.server import serve
 
     overrides = {k: v for k, v in {"refund_agent_host": args.host, "refund_agent_port": args.port}.items() if v}
     settings = get_settings().model_copy(update=overrides)
@@ -204,69 +212,10 @@ def cmd_hash_password(_: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_demo(_: argparse.Namespace) -> int:
-    from agent.demo import run_demo
-
-    return run_demo(get_settings())
-
-
-def cmd_chaos(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from agent.chaos import ChaosConfig, run_chaos
-
-    config = ChaosConfig(
-        refunds=args.refunds,
-        kills=args.kills,
-        workers=args.workers,
-        seed=args.seed,
-        postgres_url=args.postgres_url,
-        fail_rate=args.fail_rate,
-        drop_rate=args.drop_rate,
-        pending_rate=args.pending_rate,
-        pending_fail_share=args.pending_fail_share,
-        latency_ms=args.latency_ms,
-        pg_restart=args.pg_restart,
-        max_unanswered=args.max_unanswered,
-        max_seconds=args.max_seconds,
-        settle_seconds=args.settle_seconds,
-        work_dir=Path(args.dir) if args.dir else get_settings().refund_agent_data_dir / "chaos",
-        out=Path(args.out) if args.out else None,
-        keep=args.keep,
-    )
-    return 0 if run_chaos(config)["ok"] else 1
-
-
-def _chaos_parser(sub: Any) -> None:
-    c = sub.add_parser("chaos", help="seeded soak: kills, payment faults, approvals; prints and writes a verdict")
-    c.add_argument("--refunds", type=int, default=40, help="refund requests to submit (max 5000)")
-    c.add_argument("--kills", type=int, default=5, help="SIGKILLs of serve/workers at seeded moments (max 500)")
-    c.add_argument("--workers", type=int, default=2, help="worker processes besides serve")
-    c.add_argument("--seed", type=int, default=1, help="same seed, same workload and fault schedule")
-    c.add_argument("--postgres-url", help="Postgres server to create the run's databases on (default: SQLite)")
-    c.add_argument("--fail-rate", type=float, default=0.1, help="payment API 500s before applying")
-    c.add_argument("--drop-rate", type=float, default=0.1, help="payment applied but its response lost")
-    c.add_argument("--latency-ms", type=int, default=20, help="payment API latency")
-    c.add_argument("--pending-rate", type=float, default=0.15, help="provider refunds that settle late (pending)")
-    c.add_argument("--pending-fail-share", type=float, default=0.3, help="of those, the share that then fail")
-    c.add_argument("--pg-restart", metavar="VERSION/CLUSTER", help="restart this local cluster once (opt-in)")
-    c.add_argument("--max-unanswered", type=int, default=2, help="approval requests left unanswered on purpose")
-    c.add_argument("--max-seconds", type=float, default=900, help="bound on the whole run")
-    c.add_argument("--settle-seconds", type=float, default=180, help="after faults stop, time to finish")
-    c.add_argument("--dir", help="work directory (logs, SQLite files); default DATA_DIR/chaos")
-    c.add_argument("--out", help="write the verdict JSON here")
-    c.add_argument("--keep", action="store_true", help="keep the run's Postgres databases")
-    c.set_defaults(func=cmd_chaos)
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="refund-agent", description="A durable AI refund agent.")
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("demo", help="run the worked example: crash, recovery, approval, one refund").set_defaults(
-        func=cmd_demo
-    )
     sub.add_parser("migrate", help="migrate the application database").set_defaults(func=cmd_migrate)
-    sub.add_parser("eval", help="evaluate the agent's refund decisions on the dataset (any model); eval --help")
     seed = sub.add_parser("seed", help="load demo customers and orders")
     seed.add_argument("--reset", action="store_true", help="restore seeded orders to their original amounts")
     seed.set_defaults(func=cmd_seed)
@@ -305,25 +254,35 @@ def parser() -> argparse.ArgumentParser:
         d.add_argument("refund_id")
         d.add_argument("--approver", required=True)
         d.set_defaults(func=cmd_decide)
-    _chaos_parser(sub)
     sub.add_parser(
         "hash-password", help="hash a console operator's password (read from the terminal or stdin)"
     ).set_defaults(func=cmd_hash_password)
     audit = sub.add_parser("audit", help="audit log tools")
     audit_sub = audit.add_subparsers(dest="audit_command", required=True)
     audit_sub.add_parser("verify", help="verify the hash chain").set_defaults(func=cmd_audit)
+    for command in entry_points(group=COMMANDS_GROUP):
+        try:
+            register: Callable[[Any], None] = command.load()
+        except ModuleNotFoundError as missing:
+            if missing.name != command.module.split(".")[0]:
+                raise
+            continue  # an install without that package (the Docker image ships the product only)
+        register(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["eval"]:  # its own parser: flags, --help and --compare pass through untouched
-        from agent.evals.__main__ import main as eval_main
-
-        return eval_main(argv[1:])
-    args = parser().parse_args(argv)
-    _setup_logging("WARNING" if args.command in ("demo", "status", "approve", "reject", "submit", "chaos") else "INFO")
-    from agent.logs import configure_logging
+    p = parser()
+    args, rest = p.parse_known_args(argv)
+    passthrough: Callable[[list[str]], int] | None = getattr(args, "passthrough", None)
+    if passthrough is not None:  # a command with its own parser: its flags and --help pass through untouched
+        return passthrough(argv[argv.index(args.command) + 1 :])
+    if rest:
+        p.error(f"unrecognized arguments: {' '.join(rest)}")
+    quiet = args.command in ("status", "approve", "reject", "submit") or getattr(args, "quiet", False)
+    _setup_logging("WARNING" if quiet else "INFO")
+    from agent.ops.logs import configure_logging
 
     configure_logging(get_settings())
     code: int = args.func(args)

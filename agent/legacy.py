@@ -17,9 +17,9 @@ from pydantic_ai.usage import RunUsage
 
 from agent import policy
 from agent.brain import AgentDeps, order_view
+from agent.context import current
 from agent.domain import RefundRequest
-from agent.offloop import call
-from agent.runtime import current
+from agent.ops.offloop import call
 from agent.workflow import act_on, undecided
 from steps.orders import load_order_step, refund_history_step
 from steps.records import OrderSnapshot

@@ -3,52 +3,50 @@
 from __future__ import annotations
 
 import gc
-import importlib
 import logging
 import os
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dbos import DBOS, DBOSClient, DBOSConfig
 from pydantic_ai import Agent
 from pydantic_ai.models import Model
 
-from agent import heartbeat
-from agent.approvals import APPROVAL_QUEUE
+# The workflow modules are imported here so DBOS registers them before launch (recovery needs them);
+# they reach the running agent through agent.context, never through this module.
+from agent import approval_workflows, legacy, policy, workflow
+from agent.approvals import APPROVAL_QUEUE, ApprovalSettings
+from agent.brain import build_agent
+from agent.context import Runtime, current, install, running
+from agent.ops import heartbeat
 from agent.settings import Settings, get_settings
 from steps import faults, notify, payments
 from steps.store import close_app_database, create_engine, normalize_url, open_app_database
 
-if TYPE_CHECKING:  # imported lazily at run time: runtime is imported by the workflow they feed
-    from agent.approvals import ApprovalSettings
-    from agent.policy import Limits
-
 log = logging.getLogger(__name__)
 
+#: Every module that defines a DBOS workflow: importing them registers the workflows, which must happen before
+#: ``DBOS.launch()`` so recovery finds them.
+WORKFLOW_MODULES = (workflow, legacy, approval_workflows)
+
+__all__ = [
+    "QUEUES",
+    "REFUND_QUEUE",
+    "WORKFLOW_MODULES",
+    "Runtime",
+    "client",
+    "current",
+    "dbos_config",
+    "select_model",
+    "start",
+    "stop",
+]
+
 APP_NAME = "refund-agent"
-REFUND_QUEUE = "refunds"  # durable: enqueued refunds name it
+REFUND_QUEUE = workflow.REFUND_QUEUE
 QUEUES = (REFUND_QUEUE, APPROVAL_QUEUE)  # a worker runs both; an API-only process neither
 
 
-@dataclass
-class Runtime:
-    settings: Settings
-    agent: Agent[Any, Any]
-    model_label: str
-    limits: Limits
-    approvals: ApprovalSettings
-    lease: heartbeat.Lease | None = None
-    heartbeat: heartbeat.Heartbeat | None = field(default=None, repr=False)
-
-
-_runtime: Runtime | None = None
 _agents: dict[str, Agent[Any, Any]] = {}  # one per model per process: DBOS step names are global
-
-
-def current() -> Runtime:
-    if _runtime is None:
-        raise RuntimeError("the refund runtime is not started; call runtime.start() first")
-    return _runtime
 
 
 def select_model(settings: Settings) -> tuple[Model | str, str]:
@@ -109,11 +107,6 @@ def migrate_databases(settings: Settings) -> None:
 
 def start(settings: Settings | None = None, *, worker: bool = True, migrate: bool = True) -> Runtime:
     """Configure and launch DBOS in this process; with ``worker``, run refunds from the queue."""
-    global _runtime
-    from agent import policy
-    from agent.approvals import ApprovalSettings
-    from agent.brain import build_agent
-
     settings = settings or get_settings()
     faults.arm(settings.refund_agent_crash_at)
     slack = settings.slack_webhook_url
@@ -135,9 +128,6 @@ def start(settings: Settings | None = None, *, worker: bool = True, migrate: boo
         Agent.instrument_all(InstrumentationSettings(include_content=False, include_binary_content=False))
     model, label = select_model(settings)
     agent = _agents.get(label) or _agents.setdefault(label, build_agent(model))
-    # Workflows are registered before launch, for recovery.
-    for module in ("agent.workflow", "agent.legacy", "agent.approval_workflows"):
-        importlib.import_module(module)
     lease_engine = heartbeat.lease_engine(settings.app_database_url)
     lease = heartbeat.claim(
         lease_engine,
@@ -175,7 +165,7 @@ def start(settings: Settings | None = None, *, worker: bool = True, migrate: boo
         on_lost=_lease_lost,
         fallback_queue=APPROVAL_QUEUE,
     )
-    _runtime = Runtime(
+    rt = Runtime(
         settings=settings,
         agent=agent,
         model_label=label,
@@ -184,6 +174,7 @@ def start(settings: Settings | None = None, *, worker: bool = True, migrate: boo
         lease=lease,
         heartbeat=beat,
     )
+    install(rt)
     if not worker:
         DBOS.listen_queues([])
     _freeze_startup_heap()
@@ -211,7 +202,7 @@ def start(settings: Settings | None = None, *, worker: bool = True, migrate: boo
         label,
         worker,
     )
-    return _runtime
+    return rt
 
 
 def _freeze_startup_heap() -> None:
@@ -241,15 +232,14 @@ def stop(workflow_completion_timeout_sec: int = 0) -> None:
     DBOS drains, so no survivor takes over work that is finishing here; once released, what is left
     PENDING is recovered by a restart with this id or by a survivor's sweep.
     """
-    global _runtime
-    rt = _runtime
+    rt = running()
     DBOS.destroy(workflow_completion_timeout_sec=workflow_completion_timeout_sec)
     if rt is not None and rt.heartbeat is not None and rt.lease is not None:
         rt.heartbeat.stop()
         heartbeat.release_quietly(rt.heartbeat.engine, rt.lease)
         rt.heartbeat.engine.dispose()
     close_app_database()
-    _runtime = None
+    install(None)
     gc.unfreeze()  # what this runtime built is ordinary garbage now
 
 

@@ -16,9 +16,9 @@ from dbos import DBOS, EnqueueOptions
 
 from agent.approval_workflows import enqueue_timer
 from agent.approvals import APPROVAL_QUEUE
+from agent.context import current
 from agent.domain import Phase, paid_reply
-from agent.offloop import call
-from agent.runtime import current
+from agent.ops.offloop import call
 from steps.faults import crash_point
 from steps.notify import CustomerMessage, slack_enabled, slack_operators_step
 from steps.payments import fetch_refund_step

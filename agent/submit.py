@@ -59,8 +59,7 @@ def submit_refund(
 
     Without ``app_version`` the refund is version-less: a worker of the latest release deployed takes it,
     so a refund accepted just before an upgrade is not left to workers of a release that is gone."""
-    from agent.runtime import REFUND_QUEUE
-    from agent.workflow import REFUND_WORKFLOW
+    from agent.workflow import REFUND_QUEUE, REFUND_WORKFLOW
 
     if not _KEY.match(idempotency_key):
         raise SubmissionError(400, "Idempotency-Key must be 8-200 letters, digits or _.:-")

@@ -18,9 +18,9 @@ from pydantic_ai.usage import RunUsage
 from agent import approvals, policy
 from agent.approval_workflows import start_timers
 from agent.brain import AgentDeps, prompt_for
+from agent.context import Runtime, current
 from agent.domain import ApprovalRecord, Phase, RefundProposal, RefundRequest, Verdict, declined_reply, paid_reply
-from agent.offloop import call
-from agent.runtime import Runtime, current
+from agent.ops.offloop import call
 from agent.settlement import park_payment, settle
 from steps.faults import crash_point
 from steps.notify import CustomerMessage, notify_approvers_step, slack_approvers_step, slack_enabled
@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 # Durable name: recorded with every workflow; never rename it. (Refunds started before the case file
 # run as ``refund_workflow``, agent/legacy.py.)
 REFUND_WORKFLOW = "refund"
+REFUND_QUEUE = "refunds"  # durable: enqueued refunds name it
 #: How long a continuation waits for the decision its decision workflow sends right after starting it.
 HANDOVER_TIMEOUT_SECONDS = 30.0
 

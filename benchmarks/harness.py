@@ -31,7 +31,7 @@ from psycopg import sql
 
 from agent import runtime
 from agent.domain import RefundRequest
-from agent.processes import free_port, http_ok, stop, wait_for
+from agent.ops.processes import free_port, http_ok, stop, wait_for
 from agent.settings import Settings
 from benchmarks import http_load
 from steps.refunds import register_request

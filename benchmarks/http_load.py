@@ -51,7 +51,7 @@ import httpx
 import psycopg
 from psycopg import sql
 
-from agent.processes import free_port, http_ok, wait_for
+from agent.ops.processes import free_port, http_ok, wait_for
 
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}

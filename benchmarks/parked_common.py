@@ -28,7 +28,7 @@ from dbos import DBOSClient
 
 from agent import runtime
 from agent.domain import RefundRequest
-from agent.processes import stop
+from agent.ops.processes import stop
 from agent.settings import Settings
 from agent.submit import submit_refund
 from benchmarks import harness

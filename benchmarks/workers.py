@@ -36,7 +36,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from agent.processes import free_port, http_ok, wait_for
+from agent.ops.processes import free_port, http_ok, wait_for
 from benchmarks.http_load import percentile
 
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"

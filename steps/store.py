@@ -83,7 +83,7 @@ refunds = sa.Table(
     sa.Index("ix_refunds_provider_refund_id", "provider_refund_id"),  # a provider's webhook names its refund
 )
 
-# One live process per DBOS executor id (agent/heartbeat.py): a lease renewed on the database clock.
+# One live process per DBOS executor id (agent/ops/heartbeat.py): a lease renewed on the database clock.
 executor_leases = sa.Table(
     "executor_leases",
     metadata,

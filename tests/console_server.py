@@ -12,8 +12,8 @@ from dbos import DBOSClient
 
 from agent import runtime
 from agent.console.auth import hash_password
-from agent.processes import free_port
-from agent.server import create_app
+from agent.http.server import create_app
+from agent.ops.processes import free_port
 from steps.seed import seed
 from steps.store import app_db
 from tests.conftest import Env

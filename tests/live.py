@@ -14,7 +14,7 @@ import httpx
 import sqlalchemy as sa
 
 from agent import runtime
-from agent.processes import child_env, free_port, http_ok, spawn, stop, wait_for
+from agent.ops.processes import child_env, free_port, http_ok, spawn, stop, wait_for
 from steps.seed import seed
 from steps.store import app_db, close_app_database, open_app_database, refunds
 from tests.capture import CaptureServer

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from dbos import DBOSClient
 
 from agent import runtime
-from agent.processes import child_env, free_port, http_ok, spawn, stop, wait_for
+from agent.ops.processes import child_env, free_port, http_ok, spawn, stop, wait_for
 from steps.seed import seed
 from steps.store import app_db, close_app_database, executor_leases, open_app_database
 from tests.conftest import Env

@@ -8,7 +8,7 @@ from typing import Any
 
 import uvicorn
 
-from agent.processes import free_port
+from agent.ops.processes import free_port
 
 
 class ThreadedServer:

@@ -20,9 +20,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from agent.chaos import ChaosConfig, run_chaos
-from agent.chaos.plan import Limits, expected_outcome, make_plan
-from agent.chaos.verdict import Observed, judge
+from proving.chaos import ChaosConfig, run_chaos
+from proving.chaos.plan import Limits, expected_outcome, make_plan
+from proving.chaos.verdict import Observed, judge
 from steps.records import to_minor
 from tests.conftest import PG_SERVER
 

@@ -10,7 +10,7 @@ from dbos import DBOSClient
 
 from agent import approvals
 from agent.approval_workflows import decide_here
-from agent.processes import wait_for
+from agent.ops.processes import wait_for
 from agent.status import parked
 from tests.conftest import Env
 from tests.test_workflow import running, submit

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 from agent import runtime
 from agent.domain import RefundRequest
-from agent.processes import spawn, stop, wait_for
+from agent.ops.processes import spawn, stop, wait_for
 from agent.submit import submit_refund
 from steps import audit
 from steps.refunds import record_verdict_and_reserve_step, register_request

@@ -20,8 +20,8 @@ from pydantic import ValidationError
 from agent import status
 from agent.approvals import settle_id
 from agent.console import auth
-from agent.processes import free_port, wait_for
-from agent.server import create_app
+from agent.http.server import create_app
+from agent.ops.processes import free_port, wait_for
 from agent.settings import Settings
 from agent.status import refund_status, wait_for_outcome
 from steps import audit

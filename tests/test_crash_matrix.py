@@ -18,7 +18,7 @@ from dbos import DBOSClient
 from agent import approvals, runtime
 from agent.approvals import family
 from agent.domain import RefundRequest
-from agent.processes import child_env, spawn, stop, wait_for
+from agent.ops.processes import child_env, spawn, stop, wait_for
 from agent.settlement import settlement_prefix
 from agent.status import parked, wait_for_outcome
 from agent.submit import submit_refund

@@ -16,7 +16,7 @@ from dbos import DBOSClient
 from agent import approvals, runtime
 from agent.approval_workflows import decide_here
 from agent.approvals import deadline_id, escalation_id, settle_id
-from agent.processes import wait_for
+from agent.ops.processes import wait_for
 from agent.settings import Settings
 from agent.status import wait_for_outcome
 from steps import audit

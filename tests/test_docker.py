@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent.processes import free_port, wait_for
+from agent.ops.processes import free_port, wait_for
 from tests.conftest import BACKENDS, Env
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -20,15 +20,15 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from agent import brain, policy
 from agent.brain import AgentDeps
 from agent.domain import RefundProposal, RefundRequest
-from agent.evals.__main__ import main
-from agent.evals.cases import EvalCase, load_dataset_file
-from agent.evals.evaluators import refundable, violations
-from agent.evals.harness import CaseOutcome, CaseRunner, throwaway_store
-from agent.evals.results import Baseline, RunResult, gate
-from agent.evals.run import Run, evaluate
 from agent.offline import OFFLINE_MODEL_NAME, offline_model
 from agent.runtime import select_model
 from agent.settings import Settings
+from proving.evals.__main__ import main
+from proving.evals.cases import EvalCase, load_dataset_file
+from proving.evals.evaluators import refundable, violations
+from proving.evals.harness import CaseOutcome, CaseRunner, throwaway_store
+from proving.evals.results import Baseline, RunResult, gate
+from proving.evals.run import Run, evaluate
 from sandbox.model import FakeOpenAIServer, ScriptedModel
 from steps.orders import review_case_step
 from steps.records import CaseFile

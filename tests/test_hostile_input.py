@@ -21,7 +21,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from agent import runtime
 from agent.domain import RefundRequest
-from agent.processes import wait_for
+from agent.ops.processes import wait_for
 from agent.settings import Settings
 from agent.status import parked, wait_for_outcome
 from agent.submit import submit_refund

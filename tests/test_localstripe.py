@@ -20,7 +20,7 @@ import pytest
 import stripe
 
 from agent import runtime
-from agent.processes import free_port, stop, wait_for
+from agent.ops.processes import free_port, stop, wait_for
 from steps import payments
 from tests.conftest import API_KEY
 

@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from agent.offline import OFFLINE_MODEL_NAME
-from agent.processes import wait_for
+from agent.ops.processes import wait_for
 from agent.settings import ModelPrice, Settings
 from steps import audit
 from steps.store import app_db, refunds

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from agent import approvals, policy, runtime
 from agent.domain import RefundRequest, Verdict
-from agent.processes import child_env, spawn, stop, wait_for
+from agent.ops.processes import child_env, spawn, stop, wait_for
 from agent.status import parked, wait_for_outcome
 from agent.submit import SubmissionError, submit_refund
 from steps import audit

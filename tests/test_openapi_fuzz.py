@@ -30,8 +30,8 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
 from agent import tokens
-from agent.processes import free_port, wait_for
-from agent.server import create_app
+from agent.http.server import create_app
+from agent.ops.processes import free_port, wait_for
 from agent.settings import Settings
 from steps.records import CURRENCY_EXPONENTS
 from steps.seed import ORDERS

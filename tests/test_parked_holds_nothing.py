@@ -18,7 +18,7 @@ from dbos import DBOSClient
 from agent import approvals, runtime
 from agent.approvals import deadline_id, escalation_id, family
 from agent.domain import RefundRequest
-from agent.processes import wait_for
+from agent.ops.processes import wait_for
 from agent.status import parked, wait_for_outcome
 from agent.submit import submit_refund
 from steps.seed import seed
@@ -79,7 +79,7 @@ def test_start_up_objects_stay_out_of_full_collections_until_the_runtime_stops(e
 def test_metrics_count_parked_escalated_and_overdue_approvals(env: Env) -> None:
     from prometheus_client import generate_latest
 
-    from agent import metrics
+    from agent.http import metrics
     from steps.store import approval_requests
     from tests.test_scale import metric
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from steps import payments
 
-#: What POST /refunds accepts as an Idempotency-Key (agent/submit.py) and as an order id (agent/api.py).
+#: What POST /refunds accepts as an Idempotency-Key (agent/submit.py) and as an order id (agent/http/refunds.py).
 #: Lengths drawn uniformly, so the long keys that need hashing are as common as the short ones.
 KEY_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-"
 REQUEST_KEYS = st.integers(8, 200).flatmap(lambda n: st.text(KEY_ALPHABET, min_size=n, max_size=n))

@@ -17,8 +17,8 @@ from dbos import DBOSClient
 
 from agent import runtime
 from agent.domain import RefundRequest
-from agent.processes import free_port, wait_for
-from agent.server import create_app
+from agent.http.server import create_app
+from agent.ops.processes import free_port, wait_for
 from agent.status import refund_status
 from agent.submit import submit_refund
 from sandbox.webhooks import sign

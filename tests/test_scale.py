@@ -19,10 +19,12 @@ import sqlalchemy as sa
 from dbos import DBOS
 from prometheus_client import generate_latest
 
-from agent import heartbeat, metrics, runtime
+from agent import runtime
 from agent.approvals import APPROVAL_QUEUE, family
 from agent.domain import RefundRequest
-from agent.processes import wait_for
+from agent.http import metrics
+from agent.ops import heartbeat
+from agent.ops.processes import wait_for
 from agent.status import wait_for_outcome
 from agent.submit import submit_refund
 from steps.store import app_db, executor_leases, refunds
@@ -238,7 +240,7 @@ def test_sigterm_finishes_the_step_in_flight_and_takes_no_new_work(env: Env, clu
 
 @pytest.mark.parametrize("env", ["sqlite"], indirect=True)
 def test_worker_counts_payment_retries_on_its_metrics_port(env: Env, cluster: Cluster) -> None:
-    from agent.processes import free_port
+    from agent.ops.processes import free_port
 
     port = free_port()
     env.sandbox.set_faults(fail_next=2)

@@ -24,8 +24,8 @@ from httpx import Response
 from starlette.routing import Mount
 
 from agent import tokens
-from agent.processes import wait_for
-from agent.server import create_app
+from agent.http.server import create_app
+from agent.ops.processes import wait_for
 from tests.conftest import Env
 from tests.live import LiveService, Secrets, live_service
 

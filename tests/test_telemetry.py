@@ -13,7 +13,7 @@ from fastapi import FastAPI, Request, Response
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from agent.domain import RefundRequest
-from agent.processes import wait_for
+from agent.ops.processes import wait_for
 from agent.runtime import dbos_config
 from agent.submit import submit_refund
 from tests.conftest import Env

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from dbos import DBOSClient
 
 from agent import runtime
-from agent.processes import child_env, wait_for
+from agent.ops.processes import child_env, wait_for
 from agent.status import parked, wait_for_outcome
 from steps import audit
 from steps.seed import seed

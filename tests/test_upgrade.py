@@ -24,10 +24,11 @@ from pathlib import Path
 
 import pytest
 
-from agent import approvals, heartbeat
+from agent import approvals
 from agent.approvals import deadline_id, family, settle_id
 from agent.domain import RefundRequest
-from agent.processes import wait_for
+from agent.ops import heartbeat
+from agent.ops.processes import wait_for
 from agent.status import parked
 from agent.submit import submit_refund
 from tests.conftest import Env

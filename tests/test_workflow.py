@@ -16,7 +16,7 @@ from dbos import DBOSClient
 from agent import approvals, runtime, status
 from agent.approval_workflows import decide_here
 from agent.domain import RefundRequest
-from agent.processes import wait_for
+from agent.ops.processes import wait_for
 from agent.status import refund_status, wait_for_outcome
 from agent.submit import SubmissionError, submit_refund
 from steps import audit

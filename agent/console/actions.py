@@ -10,9 +10,8 @@ from dbos import DBOSClient
 
 from agent.approvals import APPROVAL_QUEUE, pending_request
 from agent.legacy import LEGACY_REFUND_WORKFLOW
-from agent.runtime import REFUND_QUEUE
 from agent.status import speaking, workflows_of
-from agent.workflow import REFUND_WORKFLOW
+from agent.workflow import REFUND_QUEUE, REFUND_WORKFLOW
 from steps import audit
 from steps.store import app_db, refunds
 

@@ -12,9 +12,9 @@ from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
 
 from agent import approvals
-from agent.api import Services, ServicesDep
 from agent.console import actions, auth, data, pages
 from agent.console.pages import SessionDep, StateDep
+from agent.services import Services, ServicesDep
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/console", include_in_schema=False)

@@ -158,7 +158,7 @@ DEFAULT_DATASET = "dataset.yaml"
 def dataset_text(path: Path | None = None) -> str:
     if path is not None:
         return path.read_text(encoding="utf-8")
-    return resources.files("agent.evals").joinpath(DEFAULT_DATASET).read_text(encoding="utf-8")
+    return resources.files("proving.evals").joinpath(DEFAULT_DATASET).read_text(encoding="utf-8")
 
 
 def load_dataset_file(path: Path | None = None) -> tuple[DatasetFile, str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from agent.evals.results import REPLY_CHECKS, CaseResult, Rates, RunResult
+from proving.evals.results import REPLY_CHECKS, CaseResult, Rates, RunResult
 
 
 def _pct(value: float) -> str:

@@ -12,8 +12,8 @@ from decimal import Decimal
 from pydantic_evals.evaluators import EvaluationReason, Evaluator, EvaluatorContext, EvaluatorOutput
 
 from agent import policy
-from agent.evals.cases import CaseMeta, EvalCase, LimitsSpec, Outcome
-from agent.evals.harness import CaseOutcome
+from proving.evals.cases import CaseMeta, EvalCase, LimitsSpec, Outcome
+from proving.evals.harness import CaseOutcome
 from steps.records import CURRENCY_EXPONENTS
 
 Ctx = EvaluatorContext[EvalCase, CaseOutcome, CaseMeta]

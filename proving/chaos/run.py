@@ -19,12 +19,12 @@ import sqlalchemy as sa
 from dbos import DBOSClient, WorkflowStatus
 
 from agent.approvals import family
-from agent.chaos.cluster import Cluster
-from agent.chaos.driver import Driver
-from agent.chaos.plan import Plan, insert_orders, make_plan, provider_charges
-from agent.chaos.verdict import TERMINAL, Observed, judge, render
 from agent.domain import refund_id_of
 from agent.status import speaking
+from proving.chaos.cluster import Cluster
+from proving.chaos.driver import Driver
+from proving.chaos.plan import Plan, insert_orders, make_plan, provider_charges
+from proving.chaos.verdict import TERMINAL, Observed, judge, render
 from steps import audit
 from steps.store import create_engine, orders, refunds
 

@@ -18,8 +18,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from agent import __version__, api, api_approvals, api_webhooks, console, metrics, problems, runtime
-from agent.processes import child_env, http_ok, spawn, stop, wait_for
+from agent import __version__, console, runtime
+from agent.http import approvals as approval_routes
+from agent.http import metrics, problems, refunds, webhooks
+from agent.ops.processes import child_env, http_ok, spawn, stop, wait_for
+from agent.services import Services
 from agent.settings import Settings, get_settings
 from sandbox.webhooks import WEBHOOK_SECRET_ENV
 from steps.seed import seed
@@ -82,7 +85,7 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Fast
         client = runtime.client(settings)
         from agent.approval_workflows import decide_here
 
-        app.state.services = api.Services(settings, client, rt.limits, token, settings.signing_secret(), decide_here)
+        app.state.services = Services(settings, client, rt.limits, token, settings.signing_secret(), decide_here)
         prices = settings.refund_agent_model_prices
         app.state.metrics = metrics.api_registry(app_db().engine, client, runtime.QUEUES, prices)
         console.setup(app, settings)
@@ -101,9 +104,9 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Fast
         lifespan=lifespan,
     )
     problems.install(app)
-    app.include_router(api.router)
-    app.include_router(api_approvals.router)
-    app.include_router(api_webhooks.router)
+    app.include_router(refunds.router)
+    app.include_router(approval_routes.router)
+    app.include_router(webhooks.router)
     app.include_router(console.router)
 
     @app.get("/healthz", tags=["health"])
@@ -129,7 +132,7 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Fast
         try:
             with app_db().engine.connect() as conn:
                 checks["app_database"] = conn.execute(sa.text("SELECT 1")).scalar_one() == 1
-            svc: api.Services = request.app.state.services
+            svc: Services = request.app.state.services
             svc.client.list_workflows(limit=1, load_input=False, load_output=False)
             checks["system_database"] = True
             checks["dbos_launched"] = runtime.current() is not None
@@ -151,6 +154,6 @@ def serve(settings: Settings | None = None, *, worker: bool = True) -> None:
         host=settings.refund_agent_host,
         port=settings.refund_agent_port,
         log_level="info",
-        # JSON logs: uvicorn's loggers propagate to the root handler configured by agent.logs.
+        # JSON logs: uvicorn's loggers propagate to the root handler configured by agent.ops.logs.
         log_config=None if settings.refund_agent_log_format == "json" else uvicorn.config.LOGGING_CONFIG,
     )

@@ -15,8 +15,8 @@ from typing import Any
 
 import httpx
 
-from agent.chaos.cluster import Cluster
-from agent.chaos.plan import Plan, PlannedRefund
+from proving.chaos.cluster import Cluster
+from proving.chaos.plan import Plan, PlannedRefund
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from agent.chaos.plan import Plan
+from proving.chaos.plan import Plan
 from steps.records import from_minor, quantize, to_minor
 
 VERDICT_VERSION = 2

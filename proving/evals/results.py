@@ -11,9 +11,9 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_evals.reporting import EvaluationReport, ReportCase
 
-from agent.evals.cases import CaseMeta, DatasetFile, EvalCase
-from agent.evals.evaluators import refundable
-from agent.evals.harness import CaseOutcome, ToolCall
+from proving.evals.cases import CaseMeta, DatasetFile, EvalCase
+from proving.evals.evaluators import refundable
+from proving.evals.harness import CaseOutcome, ToolCall
 
 SCHEMA_VERSION = 1
 REPLY_CHECKS = ("reply_amount", "reply_next_step", "reply_no_leak")

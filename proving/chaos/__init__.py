@@ -1,5 +1,5 @@
 """The reliability soak: seeded workload, random kills and payment faults, and a counted verdict."""
 
-from agent.chaos.run import ChaosConfig, run_chaos
+from proving.chaos.run import ChaosConfig, run_chaos
 
 __all__ = ["ChaosConfig", "run_chaos"]

@@ -1,4 +1,4 @@
-"""`refund-agent eval` / `python -m agent.evals`: evaluate the configured model, or compare two runs."""
+"""`refund-agent eval` / `python -m proving.evals`: evaluate the configured model, or compare two runs."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import asyncio
 import sys
 from pathlib import Path
 
-from agent.evals.cases import load_dataset_file
-from agent.evals.render import compare, print_terminal
-from agent.evals.results import Baseline, baseline_of, gate, load_result
-from agent.evals.run import evaluate, write_reports
 from agent.runtime import select_model
 from agent.settings import Settings
+from proving.evals.cases import load_dataset_file
+from proving.evals.render import compare, print_terminal
+from proving.evals.results import Baseline, baseline_of, gate, load_result
+from proving.evals.run import evaluate, write_reports
 
 
 def parser() -> argparse.ArgumentParser:
@@ -21,7 +21,7 @@ def parser() -> argparse.ArgumentParser:
         description="Run the refund agent on the evaluation dataset with the configured model "
         "(REFUND_AGENT_MODEL / REFUND_AGENT_MODEL_BASE_URL; default: the offline model). Nothing is paid.",
     )
-    p.add_argument("--dataset", type=Path, help="dataset YAML (default: the packaged agent/evals/dataset.yaml)")
+    p.add_argument("--dataset", type=Path, help="dataset YAML (default: the packaged proving/evals/dataset.yaml)")
     p.add_argument("--case", action="append", metavar="NAME", help="only cases whose name contains NAME, or a category")
     p.add_argument("--concurrency", type=int, default=4, help="cases run at once (default 4)")
     p.add_argument("--out", type=Path, default=Path("evals/results"), help="where reports go (default evals/results)")

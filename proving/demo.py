@@ -15,7 +15,7 @@ import httpx
 
 from agent import approvals
 from agent.domain import RefundRequest
-from agent.processes import child_env, free_port, http_ok, spawn, stop, wait_for
+from agent.ops.processes import child_env, free_port, http_ok, spawn, stop, wait_for
 from agent.settings import Settings
 from agent.status import parked, refund_status, timeline_lines
 from agent.submit import Submission, submit_refund

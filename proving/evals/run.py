@@ -13,11 +13,11 @@ from typing import Any
 from pydantic_ai.models import Model
 
 from agent.brain import build_agent
-from agent.evals.cases import DatasetFile, eval_dataset, load_dataset_file
-from agent.evals.evaluators import all_evaluators
-from agent.evals.harness import CaseRunner, throwaway_store
-from agent.evals.render import markdown
-from agent.evals.results import RunResult, run_result, traces
+from proving.evals.cases import DatasetFile, eval_dataset, load_dataset_file
+from proving.evals.evaluators import all_evaluators
+from proving.evals.harness import CaseRunner, throwaway_store
+from proving.evals.render import markdown
+from proving.evals.results import RunResult, run_result, traces
 
 
 @dataclass

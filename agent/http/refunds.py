@@ -6,20 +6,18 @@ import base64
 import hmac
 import json
 import re
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 import sqlalchemy as sa
-from dbos import DBOSClient
-from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from agent import approvals, policy, tokens
+from agent import policy, tokens
 from agent.domain import RefundRequest
-from agent.problems import Problem
-from agent.settings import Settings
+from agent.http.problems import Problem
+from agent.services import Services, ServicesDep
 from agent.status import refund_status
 from agent.submit import KEY_PATTERN, SubmissionError, submit_refund
 from steps.orders import list_orders
@@ -30,25 +28,6 @@ _AMOUNT = re.compile(r"^[0-9]{1,12}(\.[0-9]{1,2})?$")  # ASCII digits: \d would 
 Status = Literal[
     "received", "deciding", "awaiting_approval", "paying", "settling", "completed", "rejected", "failed", "cancelled"
 ]
-
-
-@dataclass
-class Services:
-    settings: Settings
-    client: DBOSClient
-    limits: policy.Limits
-    api_token: str
-    signing_secret: bytes
-    decider: approvals.Decider
-    """Runs a refund's decision workflow: in this process, where DBOS is launched."""
-
-
-def services(request: Request) -> Services:
-    found: Services = request.app.state.services
-    return found
-
-
-ServicesDep = Annotated[Services, Depends(services)]
 
 
 def require_token(svc: ServicesDep, authorization: Annotated[str | None, Header()] = None) -> None:

@@ -10,8 +10,8 @@ import sqlalchemy as sa
 import stripe
 from fastapi import APIRouter, Request
 
-from agent.api import ServicesDep
-from agent.problems import Problem
+from agent.http.problems import Problem
+from agent.services import ServicesDep
 from agent.settlement import FINAL, event_options
 from steps.settlement import UNSETTLED
 from steps.store import app_db, refunds

@@ -27,9 +27,9 @@ from pydantic_evals import increment_eval_metric
 from agent import policy
 from agent.brain import AgentDeps, prompt_for
 from agent.domain import RefundProposal, RefundRequest
-from agent.evals.cases import DatasetFile, EvalCase, OrderSpec
 from agent.submit import SubmissionError, checked_request
 from agent.workflow import policy_verdict
+from proving.evals.cases import DatasetFile, EvalCase, OrderSpec
 from steps.orders import get_order, review_case_step
 from steps.records import CaseFile, to_minor
 from steps.store import app_db, close_app_database, customers, metadata, open_app_database, orders

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from agent.processes import child_env, free_port, http_ok, spawn, stop, wait_for
+from agent.ops.processes import child_env, free_port, http_ok, spawn, stop, wait_for
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from slack_sdk.signature import SignatureVerifier
 from slack_sdk.webhook import WebhookClient
 
 from agent import approvals, tokens
-from agent.api import Services, ServicesDep
-from agent.problems import Problem
+from agent.http.problems import Problem
+from agent.services import Services, ServicesDep
 from steps.records import format_money
 from steps.store import app_db, slack_deliveries
 

@@ -1,0 +1,1 @@
+"""Process plumbing: executor leases, child processes, logging, calls off the event loop."""
