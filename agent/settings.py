@@ -45,6 +45,7 @@ class Settings(BaseSettings):
     refund_agent_model_base_url: str | None = None
     """Base URL of an OpenAI-compatible server (Ollama, vLLM); the model name comes from REFUND_AGENT_MODEL."""
     refund_agent_model_api_key: SecretStr | None = None
+    """API key of the OpenAI-compatible server at ``REFUND_AGENT_MODEL_BASE_URL``."""
     refund_agent_model_prices: dict[str, ModelPrice] = Field(default_factory=dict)
     """Per model (as labelled in the refund's record), what tokens cost, e.g.
     ``{"openai:gpt-5.2": {"input_per_million": "1.25", "output_per_million": "10.00"}}``. Unset: no cost shown."""
@@ -52,6 +53,8 @@ class Settings(BaseSettings):
     refund_agent_executor_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-0")
     """Unset: the first ``<hostname>-<index>`` whose lease is free (see ``executor_id_pinned``)."""
     refund_agent_app_version: str = __version__
+    """DBOS application version; recovery only resumes workflows of the same version (pin it: see the
+    upgrades guide). Default: the package version."""
 
     auto_approve_limit: Decimal = Decimal("100.00")
     """Refunds up to this amount are paid without a person (in the order's currency)."""
@@ -60,10 +63,14 @@ class Settings(BaseSettings):
     absolute_refund_cap: Decimal = Decimal("10000.00")
     """Refunds above this amount are refused outright."""
     absolute_refund_caps: dict[str, Decimal] = Field(default_factory=dict)
+    """Per-currency overrides of ``ABSOLUTE_REFUND_CAP``, as ``AUTO_APPROVE_LIMITS`` is for ``AUTO_APPROVE_LIMIT``."""
     refund_window_days: int = 60
+    """Refundable through this many whole days after payment (the last day included)."""
 
     approval_escalate_after_seconds: float = 4 * 3600
+    """After this long without a decision, approvers get one reminder."""
     approval_timeout_seconds: float = 72 * 3600
+    """After this long without a decision, the refund is rejected as expired (and its customer told)."""
 
     refund_agent_api_token: SecretStr | None = None
     """Bearer token for the HTTP API. Unset: generated on first start and kept in the data directory."""
@@ -72,7 +79,9 @@ class Settings(BaseSettings):
     refund_agent_public_url: str | None = None
     """Where approvers reach this service (used in approval links). Unset: http://HOST:PORT."""
     refund_agent_host: str = "127.0.0.1"
+    """Where ``refund-agent serve`` listens."""
     refund_agent_port: int = 8000
+    """Where ``refund-agent serve`` listens."""
     slack_webhook_url: SecretStr | None = None
     """Incoming webhook for approval requests. Unset: approval requests go to the outbox and the log."""
     slack_signing_secret: SecretStr | None = None
@@ -97,7 +106,9 @@ class Settings(BaseSettings):
     payments_api_base: str | None = None
     """Stripe-compatible API base. Unset: the local payments sandbox."""
     payments_api_key: SecretStr = SecretStr("sk_test_sandbox")
+    """Key of the Stripe-compatible API; its default is the local sandbox's test key."""
     payments_sandbox_port: int = 12111
+    """Where ``refund-agent sandbox-payments`` listens."""
     payments_key_ttl_seconds: float = 24 * 3600
     """How long the provider remembers idempotency keys (Stripe: 24 h)."""
     payment_recheck_seconds: float = Field(default=900.0, gt=0)
@@ -112,12 +123,14 @@ class Settings(BaseSettings):
     queue_polling_interval_seconds: float = 0.1
     """How often a worker looks for work on each queue. It takes at most its concurrency per look."""
     notification_polling_interval_seconds: float = 0.25
+    """Passed to DBOS as ``notification_listener_polling_interval_sec``."""
     refund_agent_crash_at: str | None = None
     """Fault injection for tests and the demo: SIGKILL this process at the named point."""
 
     # Scale-out and deployment: queue limits, executor leases, shutdown, telemetry.
     queue_rate_limit_per_minute: int | None = None
-    """Refunds started per minute across all workers (DBOS queue limiter); each makes about 4 model requests."""
+    """Refunds started per minute across all workers (DBOS queue limiter); each makes one model request (two
+    when a malformed answer is retried)."""
     executor_heartbeat_seconds: float = 5.0
     """How often a process renews its executor lease and looks for dead executors."""
     executor_stale_after_seconds: float = 30.0

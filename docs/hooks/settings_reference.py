@@ -1,0 +1,106 @@
+"""MkDocs hook: the configuration reference, generated from ``agent.settings.Settings`` so it cannot drift.
+
+``docs/configuration.md`` holds the marker ``<!-- settings-reference -->``; this hook replaces it with one
+table row per settings field: the environment variable (pydantic-settings reads the field's name,
+upper-cased, with the class's ``env_prefix``), its type as the class declares it, its default, and its
+description.
+
+The description is the field's ``description`` if it has one, else its attribute docstring (the string
+right under the field in ``agent/settings.py``; the class does not turn on ``use_attribute_docstrings``,
+so the hook reads them from the source). A field with neither is a warning, which fails
+``mkdocs build --strict``.
+
+Defaults computed when the service starts (a ``default_factory`` other than an empty dict or list,
+e.g. the host name) are shown as "computed at start"; a secret's default is never printed.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import logging
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+MARKER = "<!-- settings-reference -->"
+log = logging.getLogger("mkdocs.hooks.settings_reference")
+
+
+def _settings_class() -> type[Any]:
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from agent.settings import Settings
+
+    return Settings
+
+
+def declared_fields(cls: type[Any]) -> dict[str, tuple[str, str | None]]:
+    """Field name -> (its annotation as written, its attribute docstring) from the class's source."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    found: dict[str, tuple[str, str | None]] = {}
+    for node, after in zip(body, [*body[1:], None], strict=True):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            doc = None
+            if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
+                doc = inspect.cleandoc(str(after.value.value))
+            found[node.target.id] = (ast.unparse(node.annotation), doc)
+    return found
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.replace("``", "`").split()).replace("|", "\\|")
+
+
+def _type(annotation: str) -> str:
+    return annotation.removesuffix(" | None")
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f" ({int(seconds // size)} {unit})"
+    return ""
+
+
+def _default(name: str, field: Any, annotation: str) -> str:
+    if field.default_factory is not None:
+        empty = {dict: "{}", list: "[]"}.get(field.default_factory)
+        return f"`{empty}`" if empty else "computed at start"
+    value = field.default
+    if value is None:
+        return "unset"
+    if "SecretStr" in annotation:
+        return "set (a secret: not shown)"
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        shown = int(value) if float(value).is_integer() else value
+        return f"`{shown}`" + (_duration(value) if name.endswith("_seconds") else "")
+    return f"`{value}`"
+
+
+def reference_table() -> str:
+    cls = _settings_class()
+    prefix = str(cls.model_config.get("env_prefix") or "")
+    declared = declared_fields(cls)
+    rows = ["| environment variable | type | default | description |", "|---|---|---|---|"]
+    for name, field in cls.model_fields.items():
+        annotation, doc = declared.get(name, (str(field.annotation), None))
+        text = field.description or doc
+        if not text:
+            log.warning("settings field %s has no docstring: give it one in agent/settings.py", name)
+            text = ""
+        env = f"{prefix}{field.alias or name}".upper()
+        rows.append(f"| `{env}` | `{_type(annotation)}` | {_default(name, field, annotation)} | {_cell(text)} |")
+    return "\n".join(rows)
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    if page.file.src_uri != "configuration.md":
+        return markdown
+    if MARKER not in markdown:
+        log.warning("configuration.md has lost its %s marker: the settings table is missing", MARKER)
+        return markdown
+    return markdown.replace(MARKER, reference_table())
