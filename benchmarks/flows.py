@@ -32,12 +32,14 @@ from agent.approval_workflows import decide_here
 from agent.brain import AGENT_NAME, INSTRUCTIONS, AgentDeps, prompt_for
 from agent.domain import ApprovalRecord, RefundProposal, RefundRequest
 from agent.offline import offline_model
+from agent.ops.offloop import call
 from agent.runtime import Runtime
 from agent.workflow import policy_verdict, refund_workflow
 from steps.notify import CustomerMessage
 from steps.orders import review_case_step
 from steps.payments import issue_refund_step
 from steps.refunds import record_decision_step, record_payment_step, record_verdict_and_reserve_step
+from steps.store import session, transaction
 
 # ------------------------------------------------------------------------------------------------ DBOS
 
@@ -249,3 +251,49 @@ def harness_commits() -> Any:
     from benchmarks.harness import sqlite_commits
 
     return sqlite_commits
+
+
+# ------------------------------------------------------------------------------ the shape, doing nothing
+# The auto path's five steps in its order and kinds (a read step, the model's async step, a datasource
+# transaction, the payment step, a datasource transaction), each doing nothing: what DBOS's protocol
+# alone costs a refund of this shape. ``noop_plain`` calls the same functions outside any workflow.
+
+
+@DBOS.step(name="bench.noop_step")
+def _noop_step() -> None:
+    return None
+
+
+@DBOS.step(name="bench.noop_async_step")
+async def _noop_async_step() -> None:
+    return None
+
+
+@transaction("bench.noop_transaction")
+def _noop_transaction() -> None:
+    session().execute(sa.text("SELECT 1"))
+
+
+async def _noop_shape() -> dict[str, Any]:
+    await call(_noop_step)
+    await _noop_async_step()
+    await call(_noop_transaction)
+    await call(_noop_step)
+    await call(_noop_transaction)
+    return {"status": "completed"}
+
+
+@DBOS.workflow(name="bench_noop_shape")
+async def noop_shape_workflow() -> dict[str, Any]:
+    return await _noop_shape()
+
+
+async def dbos_noop(refund_id: str) -> dict[str, Any]:
+    with SetWorkflowID(refund_id):
+        handle = await DBOS.start_workflow_async(noop_shape_workflow)
+    result: dict[str, Any] = await handle.get_result()
+    return result
+
+
+async def noop_plain() -> dict[str, Any]:
+    return await _noop_shape()

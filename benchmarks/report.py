@@ -142,6 +142,13 @@ def round_trip_tables(rt: dict[str, Any]) -> list[str]:
             f"model requests <= 2 {_met(t['model_requests_le_2'])}; checkpoints <= 6 {_met(t['checkpoints_le_6'])}.",
             "",
         ]
+        if summary.get("noop_shape_overhead_ms") is not None:
+            lines += [
+                f"The same five steps doing nothing cost {fmt(summary['noop_shape_overhead_ms'])} ms more as a DBOS "
+                f"workflow than as plain calls (median over rounds), against a 5% budget of "
+                f"{fmt(summary['overhead_budget_ms'])} ms.",
+                "",
+            ]
     lines += ["Checkpoints of each path over its whole life (Postgres; timers included):", ""]
     lines += ["| path | checkpoints | workflows: steps |", "|---|---:|---|"]
     for path, found in rt["paths"].items():

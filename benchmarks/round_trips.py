@@ -8,7 +8,9 @@ after the other (the variant order rotates from round to round):
 - *dbos*: the product's refund workflow (each model request a DBOS step);
 - *plain*: the same path line by line outside any workflow, the same model client;
 - *langgraph*: the same flow as a LangGraph graph with its saver, ``durability="sync"``;
-- *langgraph_plain*: that graph without a checkpointer.
+- *langgraph_plain*: that graph without a checkpointer;
+- *dbos_noop*: a DBOS workflow of the auto path's five steps, in its order and kinds, each doing nothing
+  (what DBOS's protocol alone costs that shape); *noop_plain*: the same functions, no workflow.
 
 Latency is each refund's own wall time, start to completed. The durable overhead is the median over
 rounds of (dbos - plain), each round's two medians measured side by side. Then one refund per path
@@ -44,12 +46,14 @@ from sandbox.model import FakeOpenAIServer, ScriptedModel
 from steps.refunds import register_request
 from steps.store import app_db, refunds
 
-VARIANTS = ("dbos", "plain", "langgraph", "langgraph_plain")
+VARIANTS = ("dbos", "plain", "langgraph", "langgraph_plain", "dbos_noop", "noop_plain")
 LABELS = {
     "dbos": "DBOS workflow (product)",
     "plain": "same path, no durability",
     "langgraph": "LangGraph + saver, durability=sync",
     "langgraph_plain": "same LangGraph graph, no checkpointer",
+    "dbos_noop": "DBOS workflow of the same 5 steps, each doing nothing",
+    "noop_plain": "the same 5 no-op functions, no workflow",
 }
 MODEL_LATENCY_S = 0.5
 PATHS = ("auto", "refuse", "approve", "reject", "expire")
@@ -94,7 +98,20 @@ class Bench:
         async def langgraph_plain(refund_id: str, request: RefundRequest) -> dict[str, Any]:
             return await harness.off_loop(lg.run_refund, self.graph_plain, refund_id, request)
 
-        table = {"dbos": dbos, "plain": plain, "langgraph": langgraph, "langgraph_plain": langgraph_plain}
+        async def dbos_noop(refund_id: str, _request: RefundRequest) -> dict[str, Any]:
+            return await flows.dbos_noop(refund_id)
+
+        async def noop_plain(_refund_id: str, _request: RefundRequest) -> dict[str, Any]:
+            return await flows.noop_plain()
+
+        table = {
+            "dbos": dbos,
+            "plain": plain,
+            "langgraph": langgraph,
+            "langgraph_plain": langgraph_plain,
+            "dbos_noop": dbos_noop,
+            "noop_plain": noop_plain,
+        }
         return table[variant]
 
 
@@ -158,7 +175,7 @@ async def _batch(bench: Bench, variant: str, n: int, model: ScriptedModel) -> di
         "input_tokens": sum(u["input_tokens"] for u in usages) / n if usages else None,
         "output_tokens": sum(u["output_tokens"] for u in usages) / n if usages else None,
     }
-    if variant == "dbos":
+    if variant in ("dbos", "dbos_noop"):
         counted = flows.dbos_checkpoints(bench.dbs.system_url, ids)
         sample["checkpoints"] = counted["operation_outputs"] + counted["workflow_status"]
         sample["steps"] = counted["operation_outputs"]
@@ -283,11 +300,16 @@ def summarize(samples: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, 
 
         dbos_over = _overhead(by_variant["dbos"], by_variant["plain"])
         lg_over = _overhead(by_variant["langgraph"], by_variant["langgraph_plain"])
+        noop = by_variant.get("dbos_noop")
+        noop_over = _overhead(noop, by_variant["noop_plain"]) if noop else None
         p50 = rows.get("dbos", {}).get("latency_p50_ms")
         out[backend] = {
             "rows": rows,
             "dbos_overhead_ms": dbos_over,
             "langgraph_overhead_ms": lg_over,
+            # DBOS's protocol alone for the auto path's shape, against the 5% budget of the product's p50.
+            "noop_shape_overhead_ms": noop_over,
+            "overhead_budget_ms": 0.05 * p50 if p50 else None,
             "dbos_overhead_share": dbos_over / p50 if dbos_over is not None and p50 else None,
             "dbos_p50_vs_two_requests": p50 / floor_ms if p50 else None,
             "targets": {
