@@ -19,54 +19,6 @@ def _contracts() -> dict[str, dict[str, object]]:
     return {contract["id"]: contract for contract in config["contracts"]}
 
 
-def _circles(graph: grimp.ImportGraph) -> list[list[str]]:
-    """Strongly connected groups of more than one module (Tarjan, iterative)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-    counter = 0
-    for start in sorted(graph.modules):
-        if start in index:
-            continue
-        work = [(start, iter(sorted(graph.find_modules_directly_imported_by(start))))]
-        index[start] = low[start] = counter
-        counter += 1
-        stack.append(start)
-        on_stack.add(start)
-        while work:
-            node, children = work[-1]
-            advanced = False
-            for child in children:
-                if child not in index:
-                    index[child] = low[child] = counter
-                    counter += 1
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append((child, iter(sorted(graph.find_modules_directly_imported_by(child)))))
-                    advanced = True
-                    break
-                if child in on_stack:
-                    low[node] = min(low[node], index[child])
-            if advanced:
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[node])
-            if low[node] == index[node]:
-                group = []
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    group.append(member)
-                    if member == node:
-                        break
-                if len(group) > 1:
-                    found.append(sorted(group))
-    return found
-
-
 def _graph() -> grimp.ImportGraph:
     sys.path.insert(0, str(ROOT))
     try:
@@ -84,14 +36,13 @@ def test_the_import_contracts_hold() -> None:
 
 def test_no_module_imports_itself_back_through_others() -> None:
     graph = _graph()
-    # A package's __init__ re-exporting its own modules is not a circle between modules.
-    circles = [group for group in _circles(graph) if not _only_package_reexports(graph, group)]
+    circles = [
+        (importer, *back)
+        for importer in sorted(graph.modules)
+        for imported in sorted(graph.find_modules_directly_imported_by(importer))
+        if (back := graph.find_shortest_chain(importer=imported, imported=importer))
+    ]
     assert circles == [], f"import circles: {circles}"
-
-
-def _only_package_reexports(graph: grimp.ImportGraph, group: list[str]) -> bool:
-    packages = [m for m in group if any(other.startswith(m + ".") for other in group)]
-    return len(packages) == 1 and all(m == packages[0] or m.startswith(packages[0] + ".") for m in group)
 
 
 def test_every_module_of_agent_has_a_place_in_the_layers() -> None:
