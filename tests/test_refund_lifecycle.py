@@ -19,7 +19,7 @@ from agent import runtime
 from agent.domain import RefundRequest
 from agent.http.server import create_app
 from agent.ops.processes import free_port, wait_for
-from agent.status import refund_status
+from agent.status import FINAL, refund_status
 from agent.submit import submit_refund
 from sandbox.webhooks import sign
 from steps import audit
@@ -45,9 +45,17 @@ def phase(client: DBOSClient, refund_id: str) -> str | None:
     return None if found is None else str(found["status"])
 
 
-def until(client: DBOSClient, refund_id: str, wanted: str, timeout: float = 90) -> dict[str, Any]:
-    wait_for(lambda: phase(client, refund_id) == wanted, timeout=timeout, what=f"refund {refund_id} to be {wanted}")
+def reached(client: DBOSClient, refund_id: str, wanted: str) -> dict[str, Any] | None:
+    """The refund's status once it is ``wanted``; a final one counts once the run that ended it returned its outcome
+    (the row turns final in the step that books it; the run may have a step left, e.g. the operators' alert)."""
     found = refund_status(client, refund_id)
+    if found is None or found["status"] != wanted:
+        return None
+    return found if wanted not in FINAL or found["outcome"] is not None else None
+
+
+def until(client: DBOSClient, refund_id: str, wanted: str, timeout: float = 90) -> dict[str, Any]:
+    found = wait_for(lambda: reached(client, refund_id, wanted), timeout=timeout, what=f"refund {refund_id} {wanted}")
     assert found is not None
     return found
 
