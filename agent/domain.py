@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from steps.records import CURRENCY_EXPONENTS, ApprovalRecord
+from steps.records import CURRENCY_EXPONENTS, ApprovalRecord, format_money
 
 __all__ = [
     "ApprovalRecord",
@@ -143,13 +143,13 @@ def refund_id_of(workflow_id: str) -> str:
 
 def paid_reply(amount: Decimal, currency: str) -> str:
     return (
-        f"Your refund of {amount} {currency} has been approved and sent. It will reach your "
+        f"Your refund of {format_money(amount, currency)} has been approved and sent. It will reach your "
         "original payment method within 5-10 business days."
     )
 
 
 def declined_reply(amount: Decimal, currency: str) -> str:
     return (
-        f"We are sorry: after review we cannot refund {amount} {currency} on this order. "
+        f"We are sorry: after review we cannot refund {format_money(amount, currency)} on this order. "
         "Reply to this message if you would like us to take another look."
     )
