@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import socket
 from decimal import Decimal
@@ -14,6 +15,7 @@ from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent import __version__
+from steps.records import NAME_PATTERN
 
 
 class ModelPrice(BaseModel):
@@ -86,6 +88,14 @@ class Settings(BaseSettings):
     """Incoming webhook for approval requests. Unset: approval requests go to the outbox and the log."""
     slack_signing_secret: SecretStr | None = None
     """Verifies Slack's interactive requests (Approve / Reject buttons)."""
+    slack_approvers: dict[str, str] = Field(default_factory=dict)
+    """Who may decide from Slack, as JSON: ``"<team id>/<user id>"`` -> console operator name, e.g.
+    ``{"T0123ABC/U0456DEF": "dana"}``. A click from anyone else is refused; a decision is recorded as the
+    operator, by Slack id. Unset: Slack buttons decide nothing."""
+    approval_limits: dict[str, dict[str, Decimal]] = Field(default_factory=dict)
+    """Approval authority, as JSON: principal -> currency -> the most it may approve, e.g.
+    ``{"operator:dana": {"USD": "5000.00"}, "client:helpdesk-bot": {"USD": "500.00"}}``. A principal listed
+    may approve only in the currencies listed, up to those amounts; one not listed is not limited."""
     refund_agent_operators: dict[str, str] = Field(default_factory=dict)
     """Console operators as JSON, name -> "role:password-hash" (role ``approver`` or ``admin``; the hash from
     ``refund-agent hash-password``). Unset: one ``admin`` whose password is generated into the data directory."""
@@ -94,13 +104,41 @@ class Settings(BaseSettings):
     dbos_conductor_key: SecretStr | None = None
     """Optional: connect to DBOS Conductor (DBOS Console); needs the ``conductor`` extra (dbos[enterprise])."""
 
+    @field_validator("slack_approvers")
+    @classmethod
+    def _slack_approvers(cls, value: dict[str, str]) -> dict[str, str]:
+        for slack_id, operator in value.items():
+            if not re.match(r"^[A-Z0-9]{2,32}/[A-Z0-9]{2,32}$", slack_id):
+                raise ValueError(f'Slack approver {slack_id!r}: expected "<team id>/<user id>", e.g. "T0123/U0456"')
+            if not re.match(NAME_PATTERN, operator):
+                raise ValueError(f"Slack approver {slack_id!r}: {operator!r} is not an operator name")
+        return value
+
+    @field_validator("approval_limits")
+    @classmethod
+    def _approval_limits(cls, value: dict[str, dict[str, Decimal]]) -> dict[str, dict[str, Decimal]]:
+        for principal, limits in value.items():
+            kind, sep, name = principal.partition(":")
+            if not sep or kind not in ("operator", "client", "cli") or not re.match(NAME_PATTERN, name):
+                raise ValueError(
+                    f'approval limit for {principal!r}: expected "operator:<name>", "client:<name>" or "cli:<user>"'
+                )
+            for currency, amount in limits.items():
+                if not re.match(r"^[A-Z]{3}$", currency) or amount < 0:
+                    raise ValueError(
+                        f"approval limit for {principal}: {currency} {amount} is not a currency and amount"
+                    )
+        return value
+
     @field_validator("refund_agent_operators")
     @classmethod
     def _operators(cls, value: dict[str, str]) -> dict[str, str]:
         for name, spec in value.items():
             role, _, hashed = spec.partition(":")
-            if not name.strip() or role not in ("approver", "admin") or not hashed.startswith("scrypt$"):
-                raise ValueError(f'operator {name!r}: expected "approver:scrypt$..." or "admin:scrypt$..."')
+            if not re.match(NAME_PATTERN, name):
+                raise ValueError(f"operator name {name!r}: 1-100 letters, digits or ._@- (no ':' or spaces)")
+            if role not in ("viewer", "approver", "admin") or not hashed.startswith("scrypt$"):
+                raise ValueError(f'operator {name!r}: expected "viewer:scrypt$...", "approver:..." or "admin:..."')
         return value
 
     payments_api_base: str | None = None

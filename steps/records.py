@@ -13,6 +13,13 @@ CURRENCY_EXPONENTS: dict[str, int] = {"USD": 2, "EUR": 2, "GBP": 2, "CHF": 2, "J
 
 OrderStatus = Literal["paid", "unpaid", "disputed"]
 
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,99}$"
+"""Operator, API client and OS user names: no ``:`` (so no channel prefix can be typed), no spaces, at most 100."""
+
+Scope = Literal["refunds:create", "refunds:read", "approvals:decide", "admin"]
+#: What an API client may do: submit refunds, read its own, decide others' approvals; ``admin`` implies them all.
+SCOPES: tuple[Scope, ...] = ("refunds:create", "refunds:read", "approvals:decide", "admin")
+
 
 class UnsupportedCurrencyError(ValueError):
     pass
@@ -44,6 +51,16 @@ def format_money(amount: Decimal, currency: str) -> str:
 
 class Record(BaseModel):
     model_config = ConfigDict(frozen=True)
+
+    def __setstate__(self, state: dict[Any, Any]) -> None:
+        # Records are pickled into DBOS checkpoints: one pickled by a release before an optional field existed
+        # lacks it, so it gets the field's default (a field without a default is never added to a record).
+        fields = state.get("__dict__")
+        if isinstance(fields, dict):
+            for name, info in type(self).model_fields.items():
+                if name not in fields and not info.is_required():
+                    fields[name] = info.get_default(call_default_factory=True)
+        super().__setstate__(state)
 
 
 class Order(Record):
@@ -114,11 +131,6 @@ class ProviderRefund(Record):
     #: Stripe's reason when ``status`` is ``failed`` (e.g. ``expired_or_canceled_card``).
     failure_reason: str | None = None
 
-    def __setstate__(self, state: dict[Any, Any]) -> None:
-        # A checkpoint pickled by a release before failure_reason existed has no such attribute.
-        state.get("__dict__", {}).setdefault("failure_reason", None)
-        super().__setstate__(state)
-
 
 class AuditEntry(Record):
     seq: int
@@ -140,6 +152,8 @@ class ApprovalRecord(Record):
     currency: str
     decided_at: datetime
     note: str = ""
+    via: str = ""
+    """The channel it came through: ``console``, ``link``, ``api``, ``cli``, ``slack:<team>/<user>``, ``deadline``."""
 
 
 class ApprovalRequest(Record):
@@ -153,3 +167,18 @@ class ApprovalRequest(Record):
     escalate_at: datetime
     expires_at: datetime
     escalated_at: datetime | None = None
+
+
+class ApiClient(Record):
+    """An API client: its key is kept only as a SHA-256 hash; ``operator`` is the person it acts for, if any."""
+
+    client_id: str
+    name: str
+    scopes: tuple[Scope, ...]
+    operator: str | None = None
+    created_at: datetime
+    last_used_at: datetime | None = None
+    revoked_at: datetime | None = None
+
+    def allows(self, scope: Scope) -> bool:
+        return self.revoked_at is None and (scope in self.scopes or "admin" in self.scopes)

@@ -78,6 +78,10 @@ refunds = sa.Table(
     sa.Column("reserved_amount_minor", sa.BigInteger),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+    # Who asked (migration 0009): the principal that submitted it (``client:helpdesk``, ``cli:root``) and the
+    # operator that client acts for, if any. Neither may decide it. NULL on refunds from before.
+    sa.Column("requested_by", sa.String(200)),
+    sa.Column("requester_operator", sa.String(100)),
     # A customer's history reads the newest refunds of each order; reservations sum an order's refunds.
     sa.Index("ix_refunds_order_id_created_at", "order_id", "created_at"),
     sa.Index("ix_refunds_provider_refund_id", "provider_refund_id"),  # a provider's webhook names its refund
@@ -122,6 +126,21 @@ approval_decisions = sa.Table(
     sa.Column("currency", sa.String(3), nullable=False),
     sa.Column("decided_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("note", sa.Text, nullable=False, server_default=""),
+    sa.Column("via", sa.String(200), nullable=False, server_default=""),  # the channel (migration 0009)
+)
+
+# API clients (migration 0009): who calls the HTTP API. The key is shown once and kept only as its SHA-256.
+api_clients = sa.Table(
+    "api_clients",
+    metadata,
+    sa.Column("client_id", sa.String(32), primary_key=True),
+    sa.Column("name", sa.String(100), nullable=False, unique=True),
+    sa.Column("key_hash", sa.String(64), nullable=False, unique=True),
+    sa.Column("scopes", sa.String(200), nullable=False),  # space-separated
+    sa.Column("operator", sa.String(100)),  # the console operator this client acts for, if any
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("last_used_at", sa.DateTime(timezone=True)),
+    sa.Column("revoked_at", sa.DateTime(timezone=True)),
 )
 
 audit_log = sa.Table(

@@ -13,10 +13,10 @@ import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Literal
 
-Role = Literal["approver", "admin"]
-ROLES: tuple[Role, ...] = ("approver", "admin")
+from agent.identity import ROLES, Operator, Role, parse_operators, role_at_least
+
+__all__ = ["ROLES", "Operator", "Role", "parse_operators"]
 
 SESSION_COOKIE = "refund_console"
 SESSION_SECONDS = 12 * 3600
@@ -52,24 +52,6 @@ def _dummy_hash() -> str:
     return hash_password("not a real password", salt=b"\x00" * 16)
 
 
-@dataclass(frozen=True)
-class Operator:
-    name: str
-    role: Role
-    password_hash: str
-
-
-def parse_operators(configured: dict[str, str]) -> dict[str, Operator]:
-    """``{"dana": "approver:scrypt$..."}`` (the settings' format) to operators by name."""
-    operators = {}
-    for name, spec in configured.items():
-        role, _, hashed = spec.partition(":")
-        if role not in ROLES:
-            raise ValueError(f"operator {name!r} has an unknown role {role!r}")
-        operators[name] = Operator(name, role, hashed)
-    return operators
-
-
 def authenticate(operators: dict[str, Operator], name: str, password: str) -> Operator | None:
     operator = operators.get(name)
     ok = check_password(password, operator.password_hash if operator else _dummy_hash())
@@ -84,8 +66,8 @@ class Session:
     role: Role | None = None
 
     def may(self, role: Role) -> bool:
-        """Admins may do everything approvers may."""
-        return self.role is not None and ROLES.index(self.role) >= ROLES.index(role)
+        """Admins may do everything approvers may; approvers everything viewers may."""
+        return role_at_least(self.role, role)
 
 
 def new_session(operator: Operator | None = None, *, now: float | None = None) -> Session:

@@ -1,0 +1,94 @@
+"""Who is acting: principals as each channel establishes them, and the console's operators and roles.
+
+A principal is ``<kind>:<name>``: ``client:helpdesk`` (an API client, by its key), ``operator:dana`` (a
+console operator, signed in, or the approver a link was sent to, or a Slack user mapped to one),
+``cli:root`` (the OS user running the command line), ``system`` (the deadline). The kind comes from the
+channel, never from what a caller typed: names may not contain ``:``, so no typed name can pass for
+another channel's principal.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from steps.records import NAME_PATTERN, SCOPES, Scope
+
+__all__ = [
+    "NAME_PATTERN",
+    "ROLES",
+    "SCOPES",
+    "Operator",
+    "Principal",
+    "PrincipalKind",
+    "Role",
+    "Scope",
+    "parse_operators",
+    "valid_name",
+]
+
+PrincipalKind = Literal["client", "operator", "cli", "system"]
+KINDS: tuple[PrincipalKind, ...] = ("client", "operator", "cli", "system")
+_NAME = re.compile(NAME_PATTERN)
+
+Role = Literal["viewer", "approver", "admin"]
+ROLES: tuple[Role, ...] = ("viewer", "approver", "admin")
+"""In increasing power: a viewer reads, an approver also decides refunds, an admin also runs admin actions."""
+
+
+def valid_name(name: str) -> bool:
+    return bool(_NAME.match(name))
+
+
+@dataclass(frozen=True)
+class Principal:
+    kind: PrincipalKind
+    name: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown principal kind {self.kind!r}")
+        if self.kind != "system" and not valid_name(self.name):
+            raise ValueError(f"{self.kind} name {self.name!r} is not 1-100 letters, digits or ._@- (no ':')")
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.name}"
+
+    @classmethod
+    def parse(cls, text: str) -> Principal:
+        kind, sep, name = text.partition(":")
+        if not sep or kind not in KINDS:
+            raise ValueError(f"not a principal: {text!r}")
+        return cls(kind, name)
+
+
+def role_at_least(role: Role | None, needed: Role) -> bool:
+    return role is not None and ROLES.index(role) >= ROLES.index(needed)
+
+
+@dataclass(frozen=True)
+class Operator:
+    name: str
+    role: Role
+    password_hash: str
+
+    @property
+    def principal(self) -> Principal:
+        return Principal("operator", self.name)
+
+    def may(self, needed: Role) -> bool:
+        return role_at_least(self.role, needed)
+
+
+def parse_operators(configured: dict[str, str]) -> dict[str, Operator]:
+    """``{"dana": "approver:scrypt$..."}`` (the settings' format) to operators by name."""
+    operators = {}
+    for name, spec in configured.items():
+        role, _, hashed = spec.partition(":")
+        if role not in ROLES:
+            raise ValueError(f"operator {name!r} has an unknown role {role!r}")
+        if not valid_name(name):
+            raise ValueError(f"operator name {name!r} is not 1-100 letters, digits or ._@- (no ':')")
+        operators[name] = Operator(name, role, hashed)
+    return operators
