@@ -23,11 +23,11 @@ from agent.approvals import (
     ESCALATION_WORKFLOW,
     SETTLE_WORKFLOW,
     ApprovalSettings,
+    approver_links,
     deadline_id,
     decision_id,
     escalation_id,
     escalation_text,
-    link,
     settle_id,
 )
 from agent.context import current
@@ -113,10 +113,16 @@ def approval_deadline_workflow(refund_id: str, amount: str, currency: str) -> di
 def approval_escalation_workflow(refund_id: str, amount: str, currency: str, expires_at: str) -> bool:
     """Due at the escalation time: remind approvers once, unless the refund was decided meanwhile."""
     claims = tokens.ApprovalClaims(
-        refund_id=refund_id, amount=Decimal(amount), currency=currency, expires_at=datetime.fromisoformat(expires_at)
+        refund_id=refund_id,
+        amount=Decimal(amount),
+        currency=currency,
+        expires_at=datetime.fromisoformat(expires_at),
+        approver="",  # each approver's link is bound to them
     )
-    _, url = link(current().approvals, claims)
-    return escalate_approval_step(refund_id, text=escalation_text(claims, url))
+    links = approver_links(current().approvals, claims)
+    return escalate_approval_step(
+        refund_id, messages={name: escalation_text(claims, url) for name, url in links.items()}
+    )
 
 
 def decide_here(record: ApprovalRecord) -> ApprovalRecord:

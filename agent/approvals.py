@@ -10,8 +10,8 @@ so each of these runs at most once per refund, and a repeated or concurrent deci
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Literal
@@ -20,6 +20,7 @@ from dbos import DBOSClient, EnqueueOptions, WorkflowHandle
 
 from agent import tokens
 from agent.domain import ApprovalRecord
+from agent.identity import Principal
 from steps.records import ApprovalRequest, format_money
 from steps.refunds import approval_request, recorded_decision
 from steps.store import app_db
@@ -67,12 +68,18 @@ class ApprovalError(Exception):
         self.recorded = recorded
 
 
+#: The approver a Slack button's token is bound to: the clicking user, checked against the allow-list.
+SLACK_APPROVER = "slack"
+
+
 @dataclass(frozen=True)
 class ApprovalSettings:
     escalate_after: float
     timeout: float
     signing_secret: bytes
     public_url: str
+    approvers: tuple[str, ...] = ()
+    """Operators who may decide (role approver or admin): each gets a link of their own."""
 
 
 def link(config: ApprovalSettings, claims: tokens.ApprovalClaims) -> tuple[str, str]:
@@ -81,10 +88,21 @@ def link(config: ApprovalSettings, claims: tokens.ApprovalClaims) -> tuple[str, 
     return token, f"{config.public_url.rstrip('/')}/approve/{token}"
 
 
-def claims_of(request: ApprovalRequest) -> tokens.ApprovalClaims:
+def claims_of(request: ApprovalRequest, approver: str) -> tokens.ApprovalClaims:
     return tokens.ApprovalClaims(
-        refund_id=request.refund_id, amount=request.amount, currency=request.currency, expires_at=request.expires_at
+        refund_id=request.refund_id,
+        amount=request.amount,
+        currency=request.currency,
+        expires_at=request.expires_at,
+        approver=approver,
     )
+
+
+def approver_links(config: ApprovalSettings, claims: tokens.ApprovalClaims) -> dict[str, str]:
+    """Each approver's own link (operator name -> URL), bound to them: whoever opens it decides as them."""
+    return {
+        name: link(config, replace(claims, approver=str(Principal("operator", name))))[1] for name in config.approvers
+    }
 
 
 def request_text(request: ApprovalRequest) -> str:
@@ -126,39 +144,80 @@ def pending_request(refund_id: str) -> dict[str, Any] | None:
     return request_view(request)
 
 
+def authority_refusal(
+    approver: Principal, amount: Decimal, currency: str, limits: Mapping[str, Mapping[str, Decimal]]
+) -> str | None:
+    """Why ``approver`` may not approve ``amount``, or None. A principal without a limit is not limited."""
+    mine = limits.get(str(approver))
+    if mine is None:
+        return None
+    most = mine.get(currency)
+    if most is None:
+        return f"{approver} has no approval authority in {currency}"
+    if amount > most:
+        most_text, asked = format_money(most, currency), format_money(amount, currency)
+        return f"{approver} may approve up to {most_text}; this refund is {asked}"
+    return None
+
+
+def requester_refusal(request: ApprovalRequest, approver: Principal) -> str | None:
+    """Why ``approver`` may not decide this refund because it asked for it, or None (separation of duties)."""
+    if request.requested_by is not None and str(approver) == request.requested_by:
+        return f"{approver} requested refund {request.refund_id}; the requester cannot decide it"
+    if approver.kind == "operator" and approver.name == request.requester_operator:
+        return (
+            f"{approver} is the operator of the client that requested refund {request.refund_id}; "
+            "the requester cannot decide it"
+        )
+    return None
+
+
 def decide(
     run: Decider,
     *,
     refund_id: str,
     decision: Decision,
-    approver: str,
+    approver: Principal,
+    via: str,
     amount: Decimal,
     currency: str,
+    authority: Mapping[str, Mapping[str, Decimal]] | None = None,
     now: datetime | None = None,
 ) -> DecisionResult:
-    """Take a person's decision, bound to the amount and currency they saw; the first one stands."""
+    """Take a person's decision, bound to the amount and currency they saw; the first one stands.
+
+    ``approver`` is who the channel (``via``) established: a signed-in operator, the approver a link was sent
+    to, an allow-listed Slack user's operator, an API client, the OS user. The refund's requester may never
+    decide it; ``authority`` caps what a principal may approve (settings ``APPROVAL_LIMITS``)."""
     now = now or datetime.now(UTC)
-    approver = approver.strip()
-    if not approver or "\x00" in approver or len(approver) > 200:
-        raise ApprovalError("invalid", "an approver name (1-200 characters, no NUL) is required")
     with app_db().engine.connect() as conn:
         existing = recorded_decision(conn, refund_id)
         request = approval_request(conn, refund_id)
+    if request is None:
+        raise ApprovalError("nothing_pending", f"refund {refund_id} is not waiting for an approval")
+    if refused := requester_refusal(request, approver):
+        raise ApprovalError("requester", refused)
     if existing is not None and existing.decision == "expired":
         raise ApprovalError("expired", f"the approval window for refund {refund_id} has closed", existing)
     if existing is not None:  # recorded by the refund's decision workflow, which also hands it over
         return DecisionResult(record=existing, first=False)
-    if request is None:
-        raise ApprovalError("nothing_pending", f"refund {refund_id} is not waiting for an approval")
     if (request.amount, request.currency) != (amount, currency):
         raise ApprovalError(
             "mismatch",
             f"the decision is for {amount} {currency} but the refund awaits {request.amount} {request.currency}",
         )
+    if decision == "approve" and (refused := authority_refusal(approver, amount, currency, authority or {})):
+        raise ApprovalError("authority", refused)
     if now >= request.expires_at:
         raise ApprovalError("expired", f"the approval window for refund {refund_id} has closed")
     mine = ApprovalRecord(
-        refund_id=refund_id, decision=decision, approver=approver, amount=amount, currency=currency, decided_at=now
+        refund_id=refund_id,
+        decision=decision,
+        approver=str(approver),
+        amount=amount,
+        currency=currency,
+        decided_at=now,
+        via=via,
     )
     standing = run(mine)
     if standing.decision == "expired":  # the deadline won the race
@@ -166,17 +225,29 @@ def decide(
     return DecisionResult(record=standing, first=standing == mine)
 
 
-def decide_pending(run: Decider, *, refund_id: str, decision: Decision, approver: str) -> DecisionResult:
+def decide_pending(
+    run: Decider,
+    *,
+    refund_id: str,
+    decision: Decision,
+    approver: Principal,
+    via: str,
+    authority: Mapping[str, Mapping[str, Decimal]] | None = None,
+) -> DecisionResult:
     """Decide for the amount and currency the refund is waiting on, as an approver looking at it sees them."""
     with app_db().engine.connect() as conn:
-        existing = recorded_decision(conn, refund_id)
         request = approval_request(conn, refund_id)
     if request is None:
         raise ApprovalError("nothing_pending", f"refund {refund_id} is not waiting for an approval")
-    if existing is not None and existing.decision != "expired":
-        return DecisionResult(record=existing, first=False)
     return decide(
-        run, refund_id=refund_id, decision=decision, approver=approver, amount=request.amount, currency=request.currency
+        run,
+        refund_id=refund_id,
+        decision=decision,
+        approver=approver,
+        via=via,
+        amount=request.amount,
+        currency=request.currency,
+        authority=authority,
     )
 
 

@@ -120,9 +120,19 @@ def _open() -> Any:
     return runtime.client(settings)
 
 
+def os_principal() -> Any:
+    """The command line acts as the OS user running it (``cli:<user>``): who submits, who decides."""
+    import getpass
+
+    from agent.identity import Principal
+
+    return Principal("cli", getpass.getuser())
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     from agent.domain import RefundRequest
     from agent.submit import SubmissionError, submit_refund
+    from steps.refunds import Requester
 
     client = _open()
     try:
@@ -132,6 +142,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             client,
             idempotency_key=args.key,
             request=request,
+            requester=Requester(principal=str(os_principal())),
         )
     except (SubmissionError, ValueError, InvalidOperation) as error:
         print(f"refused: {error}", file=sys.stderr)
@@ -174,7 +185,14 @@ def cmd_decide(args: argparse.Namespace) -> int:
     decision: approvals.Decision = "approve" if args.command == "approve" else "reject"
     try:
         run = approvals.decider_via_queue(client)
-        result = approvals.decide_pending(run, refund_id=args.refund_id, decision=decision, approver=args.approver)
+        result = approvals.decide_pending(
+            run,
+            refund_id=args.refund_id,
+            decision=decision,
+            approver=os_principal(),
+            via="cli",
+            authority=get_settings().approval_limits,
+        )
     except approvals.ApprovalError as error:
         print(f"refused ({error.code}): {error}", file=sys.stderr)
         return 2
@@ -184,6 +202,39 @@ def cmd_decide(args: argparse.Namespace) -> int:
         f"for {record.amount} {record.currency}" + ("" if result.first else " (recorded earlier; unchanged)")
     )
     return 0 if record.decision == decision else 3
+
+
+def cmd_clients(args: argparse.Namespace) -> int:
+    from steps import clients
+    from steps.migrate import upgrade
+    from steps.store import create_engine
+
+    settings = get_settings()
+    upgrade(settings.app_database_url)
+    engine = create_engine(settings.app_database_url)
+    actor = str(os_principal())
+    try:
+        if args.clients_command == "add":
+            made, key = clients.add_client(
+                engine, name=args.name, scopes=args.scopes, operator=args.operator, actor=actor
+            )
+            print(f"client {made.name} ({', '.join(made.scopes)}) added; its key, shown only now:")
+            print(key)
+        elif args.clients_command == "revoke":
+            revoked = clients.revoke_client(engine, args.name, actor=actor)
+            print(f"client {revoked.name} revoked at {revoked.revoked_at:%Y-%m-%d %H:%M:%S} UTC; its key is refused")
+        else:
+            for c in clients.list_clients(engine):
+                used = f"{c.last_used_at:%Y-%m-%d %H:%M} UTC" if c.last_used_at else "never"
+                state = f"revoked {c.revoked_at:%Y-%m-%d %H:%M} UTC" if c.revoked_at else "live"
+                acts = f" for operator {c.operator}" if c.operator else ""
+                print(f"{c.name:<24} {' '.join(c.scopes):<48} {state:<26} last used {used}{acts}")
+    except clients.ClientError as error:
+        print(f"refused: {error}", file=sys.stderr)
+        return 2
+    finally:
+        engine.dispose()
+    return 0
 
 
 def cmd_audit(_: argparse.Namespace) -> int:
@@ -250,10 +301,26 @@ def parser() -> argparse.ArgumentParser:
     steps.add_argument("refund_id")
     steps.set_defaults(func=cmd_steps)
     for name in ("approve", "reject"):
-        d = sub.add_parser(name, help=f"{name} a refund waiting for approval")
+        d = sub.add_parser(name, help=f"{name} a refund waiting for approval, as the OS user running this (cli:<user>)")
         d.add_argument("refund_id")
-        d.add_argument("--approver", required=True)
         d.set_defaults(func=cmd_decide)
+    cl = sub.add_parser("clients", help="API clients: add (its key is shown once), list, revoke")
+    cl_sub = cl.add_subparsers(dest="clients_command", required=True)
+    add = cl_sub.add_parser("add", help="add a client and print its key")
+    add.add_argument("name")
+    add.add_argument(
+        "--scopes",
+        required=True,
+        help="comma-separated: refunds:create, refunds:read, approvals:decide, admin",
+    )
+    add.add_argument(
+        "--operator", default=None, help="the console operator this client acts for (may not decide its refunds)"
+    )
+    add.set_defaults(func=cmd_clients)
+    cl_sub.add_parser("list", help="list clients and their scopes").set_defaults(func=cmd_clients)
+    rv = cl_sub.add_parser("revoke", help="revoke a client: its key is refused at once")
+    rv.add_argument("name")
+    rv.set_defaults(func=cmd_clients)
     sub.add_parser(
         "hash-password", help="hash a console operator's password (read from the terminal or stdin)"
     ).set_defaults(func=cmd_hash_password)
@@ -280,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         return passthrough(argv[argv.index(args.command) + 1 :])
     if rest:
         p.error(f"unrecognized arguments: {' '.join(rest)}")
-    quiet = args.command in ("status", "approve", "reject", "submit") or getattr(args, "quiet", False)
+    quiet = args.command in ("status", "approve", "reject", "submit", "clients") or getattr(args, "quiet", False)
     _setup_logging("WARNING" if quiet else "INFO")
     from agent.ops.logs import configure_logging
 

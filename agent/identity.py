@@ -16,6 +16,7 @@ from typing import Literal
 from steps.records import NAME_PATTERN, SCOPES, Scope
 
 __all__ = [
+    "DEFAULT_ADMIN",
     "NAME_PATTERN",
     "ROLES",
     "SCOPES",
@@ -24,6 +25,7 @@ __all__ = [
     "PrincipalKind",
     "Role",
     "Scope",
+    "approver_names",
     "parse_operators",
     "valid_name",
 ]
@@ -31,6 +33,9 @@ __all__ = [
 PrincipalKind = Literal["client", "operator", "cli", "system"]
 KINDS: tuple[PrincipalKind, ...] = ("client", "operator", "cli", "system")
 _NAME = re.compile(NAME_PATTERN)
+
+#: The one operator of a service with none configured; its password is generated into the data directory.
+DEFAULT_ADMIN = "admin"
 
 Role = Literal["viewer", "approver", "admin"]
 ROLES: tuple[Role, ...] = ("viewer", "approver", "admin")
@@ -92,3 +97,12 @@ def parse_operators(configured: dict[str, str]) -> dict[str, Operator]:
             raise ValueError(f"operator name {name!r} is not 1-100 letters, digits or ._@- (no ':')")
         operators[name] = Operator(name, role, hashed)
     return operators
+
+
+def approver_names(configured: dict[str, str]) -> tuple[str, ...]:
+    """The operators who may decide refunds (approver or admin) in settings' format; with none configured,
+    the generated admin."""
+    operators = parse_operators(configured)
+    if not operators:
+        return (DEFAULT_ADMIN,)
+    return tuple(sorted(name for name, operator in operators.items() if operator.may("approver")))

@@ -17,6 +17,7 @@ from agent import approval_workflows, legacy, policy, workflow
 from agent.approvals import APPROVAL_QUEUE, ApprovalSettings
 from agent.brain import build_agent
 from agent.context import Runtime, current, install, running
+from agent.identity import approver_names
 from agent.ops import heartbeat
 from agent.settings import Settings, get_settings
 from steps import faults, notify, payments
@@ -156,6 +157,7 @@ def start(settings: Settings | None = None, *, worker: bool = True, migrate: boo
         timeout=settings.approval_timeout_seconds,
         signing_secret=settings.signing_secret(),
         public_url=settings.public_url,
+        approvers=approver_names(settings.refund_agent_operators),
     )
     beat = heartbeat.Heartbeat(
         lease_engine,

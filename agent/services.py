@@ -21,7 +21,6 @@ class Services:
     settings: Settings
     client: DBOSClient
     limits: policy.Limits
-    api_token: str
     signing_secret: bytes
     decider: approvals.Decider
     """Runs a refund's decision workflow: in this process, where DBOS is launched."""

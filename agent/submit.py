@@ -12,7 +12,7 @@ from dbos import DBOSClient, EnqueueOptions
 from agent.domain import RefundRequest
 from steps.orders import get_order
 from steps.records import Order, exponent
-from steps.refunds import register_request
+from steps.refunds import Requester, register_request
 from steps.store import app_db
 
 KEY_PATTERN = r"^[A-Za-z0-9_.:-]{8,200}$"
@@ -53,9 +53,18 @@ def checked_request(request: RefundRequest, order: Order | None) -> RefundReques
 
 
 def submit_refund(
-    client: DBOSClient, *, idempotency_key: str, request: RefundRequest, app_version: str | None = None
+    client: DBOSClient,
+    *,
+    idempotency_key: str,
+    request: RefundRequest,
+    requester: Requester,
+    app_version: str | None = None,
 ) -> Submission:
-    """Start the refund once per key. The same key and body returns it again; a new body is a conflict.
+    """Start the refund once per key. The same key and body returns it again; a new body is a conflict, and
+    so is the same key from another requester (a key belongs to whoever used it first).
+
+    ``requester`` is who the channel established (an API client, the OS user of the command line): it is
+    recorded with the refund, and may never decide it.
 
     Without ``app_version`` the refund is version-less: a worker of the latest release deployed takes it,
     so a refund accepted just before an upgrade is not left to workers of a release that is gone."""
@@ -73,7 +82,10 @@ def submit_refund(
         request_hash=digest,
         currency=str(request.currency),  # filled in from the order by checked_request
         requested=request.amount,
+        requester=requester,
     )
+    if claim.requested_by is not None and claim.requested_by != requester.principal:
+        raise SubmissionError(409, "this Idempotency-Key was already used by another client")
     if claim.request_hash != digest:
         raise SubmissionError(409, "this Idempotency-Key was already used with a different request body")
     name = REFUND_WORKFLOW

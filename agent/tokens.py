@@ -1,4 +1,10 @@
-"""Signed approval tokens: HMAC-SHA256 over the refund, the amount, the currency and an expiry."""
+"""Signed approval tokens: HMAC-SHA256 over the refund, the amount, the currency, an expiry and the approver.
+
+A token is bound to the one who may use it: ``operator:<name>`` (the approver a link was sent to),
+``client:<name>`` (an API client with ``approvals:decide``) or ``slack`` (Slack's buttons, where the clicking
+user is checked against the allow-list). Whoever opens a link decides as the approver it names; nobody types
+a name. Tokens without an approver (from before approvers were bound) do not verify.
+"""
 
 from __future__ import annotations
 
@@ -25,6 +31,8 @@ class ApprovalClaims:
     amount: Decimal
     currency: str
     expires_at: datetime
+    approver: str
+    """``operator:<name>``, ``client:<name>`` or ``slack``."""
 
 
 def _b64(data: bytes) -> str:
@@ -42,6 +50,7 @@ def sign(claims: ApprovalClaims, secret: bytes) -> str:
             "a": str(claims.amount),
             "c": claims.currency,
             "e": int(claims.expires_at.timestamp()),
+            "p": claims.approver,
         },
         separators=(",", ":"),
         sort_keys=True,
@@ -61,11 +70,14 @@ def verify(token: str, secret: bytes, *, now: datetime | None = None) -> Approva
         raise TokenError("invalid", "approval token signature does not verify")
     try:
         data = json.loads(body)
+        if isinstance(data, dict) and "p" not in data:  # signed by a release before approvers were bound
+            raise TokenError("invalid", "this approval link names no approver; decide in the console instead")
         claims = ApprovalClaims(
             refund_id=str(data["r"]),
             amount=Decimal(data["a"]),
             currency=str(data["c"]),
             expires_at=datetime.fromtimestamp(int(data["e"]), UTC),
+            approver=str(data["p"]),
         )
     except (ValueError, KeyError, TypeError, InvalidOperation) as error:
         raise TokenError("invalid", "malformed approval token") from error

@@ -131,11 +131,14 @@ async def park(
         timeout=config.timeout,
     )
     await start_timers(request, config)
-    token, url = approvals.link(config, approvals.claims_of(request))
     text = approvals.request_text(request)
-    await call(notify_approvers_step, refund_id, kind="request", text=f"{text}\nDecide: {url}")
-    if slack_enabled():
-        await call(slack_approvers_step, refund_id, text=text, link=url, token=token)
+    links = approvals.approver_links(config, approvals.claims_of(request, approver=""))
+    messages = {name: f"{text}\nDecide: {url}" for name, url in links.items()}  # each link decides as its approver
+    await call(notify_approvers_step, refund_id, kind="request", messages=messages)
+    if slack_enabled():  # the buttons decide as the clicking user, if the allow-list maps them to an approver
+        token, _ = approvals.link(config, approvals.claims_of(request, approvals.SLACK_APPROVER))
+        console = f"{config.public_url.rstrip('/')}/console/refunds/{refund_id}"
+        await call(slack_approvers_step, refund_id, text=text, link=console, token=token)
     return {
         "refund_id": refund_id,
         "status": Phase.AWAITING_APPROVAL.value,

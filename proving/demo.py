@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import re
 import shutil
 import signal
@@ -15,12 +16,14 @@ import httpx
 
 from agent import approvals
 from agent.domain import RefundRequest
+from agent.identity import Principal
 from agent.ops.processes import child_env, free_port, http_ok, spawn, stop, wait_for
 from agent.settings import Settings
 from agent.status import parked, refund_status, timeline_lines
 from agent.submit import Submission, submit_refund
 from steps import audit, notify
 from steps.orders import get_order
+from steps.refunds import Requester
 from steps.seed import seed
 from steps.store import app_db, close_app_database, open_app_database
 
@@ -92,8 +95,10 @@ class Demo:
             message="The desk and both chairs arrived broken. I want my money back for the whole order.",
         )
 
+        helpdesk = Requester(principal=str(Principal("client", "helpdesk")))  # the help desk's API client asks
+
         def submit() -> Submission:
-            return submit_refund(client, idempotency_key=REFUND_ID, request=request)
+            return submit_refund(client, idempotency_key=REFUND_ID, requester=helpdesk, request=request)
 
         first, again = submit(), submit()
         self.say(f"submitted refund {REFUND_ID} for order ord_1002 (4,200.00 USD captured)")
@@ -108,9 +113,20 @@ class Demo:
             "-> parked for approval: its workflow ended; rows wait (the request, DELAYED deadline and reminder)"
         )
         decider = approvals.decider_via_queue(client)
-        result = approvals.decide_pending(decider, refund_id=REFUND_ID, decision="approve", approver="dana@support")
-        repeat = approvals.decide_pending(decider, refund_id=REFUND_ID, decision="reject", approver="eve@support")
-        self.say(f"approved by {result.record.approver}; a late reject by eve@support got the recorded decision back")
+        try:
+            approvals.decide_pending(
+                decider, refund_id=REFUND_ID, decision="approve", approver=Principal("client", "helpdesk"), via="api"
+            )
+            refused = False
+        except approvals.ApprovalError as error:
+            refused = error.code == "requester"
+        self.say("the help desk's client tried to approve the refund it requested: refused")
+        self.check("the requester cannot approve its own refund", refused)
+        me = Principal("cli", getpass.getuser())
+        result = approvals.decide_pending(decider, refund_id=REFUND_ID, decision="approve", approver=me, via="cli")
+        eve = Principal("operator", "eve")
+        repeat = approvals.decide_pending(decider, refund_id=REFUND_ID, decision="reject", approver=eve, via="console")
+        self.say(f"approved by {result.record.approver}; a late reject by {eve} got the recorded decision back")
         self.check(
             "first decision wins; a second decision changes nothing",
             result.first and not repeat.first and repeat.record.decision == "approve",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -11,7 +12,7 @@ import sqlalchemy as sa
 from dbos import DBOS
 from slack_sdk.webhook import WebhookClient
 
-from steps.store import insert_if_absent, outbox, session, transaction
+from steps.store import insert_if_absent, outbox, refunds, session, transaction
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +48,22 @@ def _queue(message_key: str, refund_id: str, channel: str, recipient: str, body:
         log.info("notification %s queued for refund %s via %s", message_key, refund_id, channel)
 
 
-def queue_approvers_message(refund_id: str, *, kind: str, text: str) -> None:
-    """Ask approvers for a decision (``kind`` is ``request`` or ``escalation``) in the caller's transaction."""
-    _queue(f"{refund_id}:approvers:{kind}", refund_id, "approvers", "approvers", text)
+def queue_approvers_messages(refund_id: str, *, kind: str, messages: Mapping[str, str]) -> int:
+    """Ask each approver (operator name -> text with a link bound to them) for a decision, in the caller's
+    transaction; ``kind`` is ``request`` or ``escalation``. The operator the refund's requesting client acts for
+    gets none: a link reaching the requester would let it decide its own refund. Returns how many were queued."""
+    requester = (
+        session()
+        .execute(sa.select(refunds.c.requester_operator).where(refunds.c.refund_id == refund_id))
+        .scalar_one_or_none()
+    )
+    queued = 0
+    for recipient, text in messages.items():
+        if recipient == requester:
+            continue
+        _queue(f"{refund_id}:approvers:{kind}:{recipient}", refund_id, "approvers", recipient, text)
+        queued += 1
+    return queued
 
 
 def queue_operator_alert(refund_id: str, *, kind: str, text: str) -> None:
@@ -58,8 +72,8 @@ def queue_operator_alert(refund_id: str, *, kind: str, text: str) -> None:
 
 
 @transaction("notify.approvers")
-def notify_approvers_step(refund_id: str, *, kind: str, text: str) -> None:
-    queue_approvers_message(refund_id, kind=kind, text=text)
+def notify_approvers_step(refund_id: str, *, kind: str, messages: Mapping[str, str]) -> int:
+    return queue_approvers_messages(refund_id, kind=kind, messages=messages)
 
 
 @dataclass(frozen=True)
@@ -81,6 +95,12 @@ def notify_customer_step(refund_id: str, *, customer_id: str, text: str) -> None
 def messages(conn: sa.Connection, refund_id: str) -> list[dict[str, str]]:
     rows = conn.execute(sa.select(outbox).where(outbox.c.refund_id == refund_id).order_by(outbox.c.id))
     return [{"channel": r.channel, "recipient": r.recipient, "body": r.body} for r in rows]
+
+
+def mrkdwn_escape(text: str) -> str:
+    """Text for a Slack mrkdwn field shown as written: ``&``, ``<`` and ``>`` escaped, so nothing in it (the
+    agent's reason, which a customer can steer) becomes a link, a mention (``<!channel>``) or a formatted label."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def approval_blocks(*, text: str, link: str, token: str) -> list[dict[str, Any]]:
@@ -114,7 +134,7 @@ def approval_blocks(*, text: str, link: str, token: str) -> list[dict[str, Any]]
 def slack_operators_step(refund_id: str, *, text: str) -> None:
     """Post an operator alert (a refund the provider failed) to Slack's incoming webhook, when one is configured."""
     assert _config.slack_webhook_url is not None
-    response = WebhookClient(_config.slack_webhook_url).send(text=f":warning: {text}")
+    response = WebhookClient(_config.slack_webhook_url).send(text=f":warning: {mrkdwn_escape(text)}")
     if response.status_code >= 400:
         raise RuntimeError(f"Slack webhook answered {response.status_code} for refund {refund_id}")
     log.info("operator alert for refund %s posted to Slack", refund_id)
@@ -124,6 +144,7 @@ def slack_operators_step(refund_id: str, *, text: str) -> None:
 def slack_approvers_step(refund_id: str, *, text: str, link: str, token: str) -> None:
     """Post the approval request to Slack's incoming webhook (only when one is configured)."""
     assert _config.slack_webhook_url is not None
+    text = mrkdwn_escape(text)
     response = WebhookClient(_config.slack_webhook_url).send(
         text=text, blocks=approval_blocks(text=text, link=link, token=token)
     )

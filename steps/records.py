@@ -167,6 +167,10 @@ class ApprovalRequest(Record):
     escalate_at: datetime
     expires_at: datetime
     escalated_at: datetime | None = None
+    requested_by: str | None = None
+    """The principal that submitted the refund (``client:helpdesk``); it may not decide it."""
+    requester_operator: str | None = None
+    """The operator the requesting client acts for, if any; nor may they."""
 
 
 class ApiClient(Record):

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict
 
 from steps import audit
-from steps.notify import CustomerMessage, queue_approvers_message, queue_customer_message
+from steps.notify import CustomerMessage, queue_approvers_messages, queue_customer_message
 from steps.orders import ORDER_QUERY, order_from_row
 from steps.records import (
     ApprovalRecord,
@@ -40,6 +40,8 @@ class RegisteredRequest(BaseModel):
     refund_id: str
     request_hash: str
     created: bool
+    requested_by: str | None = None
+    """Who claimed the key first (None on refunds from before requesters were recorded)."""
 
 
 class PaymentPlan(BaseModel):
@@ -50,26 +52,46 @@ class PaymentPlan(BaseModel):
     """Why nothing may be paid, when the plan has no snapshot for a reason other than a missing order."""
 
 
+class Requester(BaseModel):
+    """Who submits a refund: the principal (``client:helpdesk``, ``cli:root``) and the operator it acts for."""
+
+    model_config = ConfigDict(frozen=True)
+    principal: str
+    operator: str | None = None
+
+
 def register_request(
-    *, refund_id: str, order_id: str, request_hash: str, currency: str, requested: Decimal | None
+    *,
+    refund_id: str,
+    order_id: str,
+    request_hash: str,
+    currency: str,
+    requested: Decimal | None,
+    requester: Requester,
 ) -> RegisteredRequest:
     """Claim a request key before its workflow starts; a key already taken returns the first claim."""
+    args = (refund_id, order_id, request_hash, currency, requested, requester)
     try:
-        return _register(refund_id, order_id, request_hash, currency, requested)
+        return _register(*args)
     except sa.exc.IntegrityError:  # a concurrent request with the same key inserted first: read its claim
-        return _register(refund_id, order_id, request_hash, currency, requested)
+        return _register(*args)
 
 
 def _register(
-    refund_id: str, order_id: str, request_hash: str, currency: str, requested: Decimal | None
+    refund_id: str, order_id: str, request_hash: str, currency: str, requested: Decimal | None, requester: Requester
 ) -> RegisteredRequest:
     now = datetime.now(UTC)
     with app_db().engine.begin() as conn:
         existing = conn.execute(
-            sa.select(refunds.c.request_hash).where(refunds.c.refund_id == refund_id)
-        ).scalar_one_or_none()
+            sa.select(refunds.c.request_hash, refunds.c.requested_by).where(refunds.c.refund_id == refund_id)
+        ).first()
         if existing is not None:
-            return RegisteredRequest(refund_id=refund_id, request_hash=existing, created=False)
+            return RegisteredRequest(
+                refund_id=refund_id,
+                request_hash=existing.request_hash,
+                created=False,
+                requested_by=existing.requested_by,
+            )
         conn.execute(
             refunds.insert().values(
                 refund_id=refund_id,
@@ -78,18 +100,22 @@ def _register(
                 currency=currency,
                 requested_amount_minor=None if requested is None else to_minor(requested, currency),
                 status="received",
+                requested_by=requester.principal,
+                requester_operator=requester.operator,
                 created_at=now,
                 updated_at=now,
             )
         )
-        audit.append(
-            conn,
-            refund_id=refund_id,
-            event="request_received",
-            payload={"order_id": order_id, "requested": str(requested) if requested else None},
-            now=now,
-        )
-    return RegisteredRequest(refund_id=refund_id, request_hash=request_hash, created=True)
+        payload = {
+            "order_id": order_id,
+            "requested": str(requested) if requested else None,
+            "requested_by": requester.principal,
+            "requester_operator": requester.operator,
+        }
+        audit.append(conn, refund_id=refund_id, event="request_received", payload=payload, now=now)
+    return RegisteredRequest(
+        refund_id=refund_id, request_hash=request_hash, created=True, requested_by=requester.principal
+    )
 
 
 def _touch(refund_id: str, now: datetime, **values: Any) -> None:
@@ -190,7 +216,12 @@ def open_approval_step(
 
 
 def approval_request(conn: sa.Connection | Any, refund_id: str) -> ApprovalRequest | None:
-    row = conn.execute(sa.select(approval_requests).where(approval_requests.c.refund_id == refund_id)).first()
+    """The approval a refund waits on (or waited on), with who requested the refund."""
+    row = conn.execute(
+        sa.select(approval_requests, refunds.c.requested_by, refunds.c.requester_operator)
+        .outerjoin(refunds, refunds.c.refund_id == approval_requests.c.refund_id)
+        .where(approval_requests.c.refund_id == refund_id)
+    ).first()
     if row is None:
         return None
     return ApprovalRequest(
@@ -202,6 +233,8 @@ def approval_request(conn: sa.Connection | Any, refund_id: str) -> ApprovalReque
         escalate_at=utc(row.escalate_at),
         expires_at=utc(row.expires_at),
         escalated_at=utc(row.escalated_at) if row.escalated_at else None,
+        requested_by=row.requested_by,
+        requester_operator=row.requester_operator,
     )
 
 
@@ -214,6 +247,7 @@ def _approval_from_row(row: Any) -> ApprovalRecord:
         currency=row.currency,
         decided_at=utc(row.decided_at),
         note=row.note,
+        via=row.via,
     )
 
 
@@ -232,6 +266,7 @@ def _claim_decision(conn: Any, record: ApprovalRecord) -> tuple[ApprovalRecord, 
         "currency": record.currency,
         "decided_at": record.decided_at,
         "note": record.note,
+        "via": record.via,
     }
     if not insert_if_absent(conn, approval_decisions, values):
         existing = recorded_decision(conn, record.refund_id)
@@ -275,6 +310,7 @@ def expire_approval_step(
         currency=currency,
         decided_at=now,
         note="no decision before the approval deadline",
+        via="deadline",
     )
     standing, ours = _claim_decision(session(), expired)
     if ours:
@@ -283,15 +319,16 @@ def expire_approval_step(
 
 
 @transaction("refunds.escalate_approval")
-def escalate_approval_step(refund_id: str, *, text: str) -> bool:
-    """Remind approvers once, unless the refund was decided meanwhile; True when the reminder was queued."""
+def escalate_approval_step(refund_id: str, *, messages: dict[str, str]) -> bool:
+    """Remind approvers once (operator name -> text with their link), unless the refund was decided meanwhile;
+    True when the reminder was queued."""
     if recorded_decision(session(), refund_id) is not None:
         return False
     now = datetime.now(UTC)
     session().execute(
         approval_requests.update().where(approval_requests.c.refund_id == refund_id).values(escalated_at=now)
     )
-    queue_approvers_message(refund_id, kind="escalation", text=text)
+    queue_approvers_messages(refund_id, kind="escalation", messages=messages)
     audit.append(session(), refund_id=refund_id, event="approval_escalated", payload={}, now=now)
     return True
 

@@ -19,14 +19,18 @@ from steps.seed import seed
 from steps.store import app_db, close_app_database, open_app_database, refunds
 from tests.capture import CaptureServer
 from tests.conftest import API_KEY, Env
+from tests.identities import add_approver_client, approver_env, link_token
 
 
 @dataclass
 class Secrets:
     api_token: str
+    """The help desk's key: the service's own token, the ``default`` client (refunds:create, refunds:read)."""
     signing_secret: str
     slack_signing_secret: str
     payments_api_key: str
+    approver_key: str
+    """The key of ``approvals-desk``, a client with approvals:decide."""
 
     @classmethod
     def fresh(cls) -> Secrets:
@@ -35,6 +39,7 @@ class Secrets:
             signing_secret=f"sig-{secrets.token_urlsafe(24)}",
             slack_signing_secret=f"slk-{secrets.token_hex(16)}",
             payments_api_key=API_KEY,  # the suite's sandbox only accepts this key
+            approver_key=f"apr-{secrets.token_urlsafe(24)}",
         )
 
 
@@ -52,12 +57,14 @@ class LiveService:
                 PAYMENTS_API_KEY=keys.payments_api_key,
                 REFUND_AGENT_PORT=str(self.port),
                 REFUND_AGENT_EXECUTOR_ID="test-live",
+                **approver_env(),
             ),
             drop=("REFUND_AGENT_CRASH_AT", "REFUND_AGENT_MODEL", "REFUND_AGENT_MODEL_BASE_URL"),
         )
         self.proc: subprocess.Popen[bytes] | None = None
         self.http = httpx.Client(base_url=self.base, timeout=30)
         self.auth = {"Authorization": f"Bearer {keys.api_token}"}
+        self.approver = {"Authorization": f"Bearer {keys.approver_key}"}
 
     def start(self) -> None:
         self.proc = spawn(["serve"], env=self.vars, log=self.logs / "server.log")
@@ -80,6 +87,18 @@ class LiveService:
 
         return wait_for(check, timeout=timeout, what=f"{refund_id} to reach {statuses}", interval=0.2)
 
+    def decide(self, refund_id: str, decision: str, amount: str, currency: str = "USD") -> httpx.Response:
+        """A decision over the API as the approvals desk (the requester's own key is refused)."""
+        body = {"decision": decision, "amount": amount, "currency": currency}
+        return self.http.post(f"/refunds/{refund_id}/approval", json=body, headers=self.approver)
+
+    def link(self, refund_id: str, operator: str = "dana") -> str:
+        """The token of the approval link sent to ``operator`` (from the outbox, where approvers' messages go)."""
+        found: str = wait_for(
+            lambda: link_token(app_db().engine, refund_id, operator), timeout=10, what=f"{operator}'s link"
+        )
+        return found
+
     def refund_rows(self) -> int:
         with app_db().engine.connect() as conn:
             return int(conn.execute(sa.select(sa.func.count()).select_from(refunds)).scalar_one())
@@ -99,8 +118,10 @@ def live_service(env: Env, tmp_path: Path, keys: Secrets | None = None) -> Itera
     runtime.migrate_databases(settings)
     open_app_database(settings.app_database_url)
     seed(app_db().engine)
+    keys = keys or Secrets.fresh()
+    add_approver_client(app_db().engine, keys.approver_key)
     with CaptureServer() as slack:
-        service = LiveService(env, tmp_path / "logs", slack, keys or Secrets.fresh())
+        service = LiveService(env, tmp_path / "logs", slack, keys)
         try:
             service.start()
             yield service, slack

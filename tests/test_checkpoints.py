@@ -13,6 +13,7 @@ from agent.approval_workflows import decide_here
 from agent.ops.processes import wait_for
 from agent.status import parked
 from tests.conftest import Env
+from tests.identities import DANA
 from tests.test_workflow import running, submit
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -62,6 +63,12 @@ def test_each_paths_checkpoints_are_the_readmes(env: Env) -> None:
             if order_id in ("ord_1002", "ord_1003", "ord_1009"):
                 wait_for(lambda r=refund_id: parked(client, r), timeout=60, what="the refund to park")  # type: ignore[misc]
             if decision is not None:
-                approvals.decide_pending(decide_here, refund_id=refund_id, decision=decision, approver="test")  # type: ignore[arg-type]
+                approvals.decide_pending(
+                    decide_here,
+                    refund_id=refund_id,
+                    decision=decision,  # type: ignore[arg-type]
+                    approver=DANA,
+                    via="console",
+                )
             counted[path], steps[path] = checkpoints(client, refund_id)
     assert counted == listed, steps

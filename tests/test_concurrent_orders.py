@@ -27,6 +27,7 @@ from steps import audit
 from steps.refunds import record_verdict_and_reserve_step, register_request
 from steps.store import app_db, orders
 from tests.conftest import Env
+from tests.identities import HELPDESK
 from tests.test_money_properties import Service
 
 
@@ -47,7 +48,7 @@ def test_two_workers_never_refund_one_order_beyond_what_was_captured(tmp_path: P
         keys = ["twice-0001-ord", "twice-0002-ord"]
         for key in keys:
             request = RefundRequest(order_id="ord_1001", message="The mouse is broken; refund it.")
-            submit_refund(svc.client, idempotency_key=key, request=request, app_version="0.1.0")
+            submit_refund(svc.client, idempotency_key=key, requester=HELPDESK, request=request, app_version="0.1.0")
         outcomes: list[str] = sorted(
             svc.client.retrieve_workflow(key).get_result(polling_interval_sec=0.2)["status"] for key in keys
         )
@@ -68,7 +69,12 @@ def test_booking_a_payment_while_another_refund_of_the_order_reserves_does_not_d
     refund of the same order recording its verdict and reservation at that moment must queue behind it,
     not take the chain's lock and then wait for the row (Postgres would abort one of them)."""
     register_request(
-        refund_id="lock-order-0001", order_id="ord_1001", request_hash="h", currency="USD", requested=Decimal("1.00")
+        refund_id="lock-order-0001",
+        order_id="ord_1001",
+        request_hash="h",
+        currency="USD",
+        requested=Decimal("1.00"),
+        requester=HELPDESK,
     )
     payer = app_db().engine.connect()
     booking = payer.begin()

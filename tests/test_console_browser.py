@@ -20,6 +20,7 @@ from agent.status import wait_for_outcome
 from steps.store import app_db, approval_decisions
 from tests.conftest import Env
 from tests.console_server import PASSWORDS, ConsoleServer, console_server
+from tests.identities import DANA
 from tests.test_workflow import parked, submit
 
 CHROMIUM = "/usr/bin/chromium"
@@ -169,6 +170,6 @@ def test_hostile_customer_messages_render_as_text(
     assert dialogs == []
     context.close()
     for refund_id in ids:  # a rejection ends each one; the customer is told in plain text too
-        approvals.decide_pending(decide_here, refund_id=refund_id, decision="reject", approver="test")
+        approvals.decide_pending(decide_here, refund_id=refund_id, decision="reject", approver=DANA, via="console")
     for refund_id in ids:
         assert wait_for_outcome(client, refund_id)["status"] == "rejected"

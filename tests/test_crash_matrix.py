@@ -27,6 +27,7 @@ from steps import audit
 from steps.seed import seed
 from steps.store import app_db, close_app_database, open_app_database, orders, outbox
 from tests.conftest import Env
+from tests.identities import DANA, HELPDESK
 
 MODEL_REQUESTS_PER_REFUND = 1  # the answer: the case file was read before the model was asked
 
@@ -73,7 +74,7 @@ class Cluster:
         that runs it may be about to die)."""
         run = approvals.decider_via_queue(self.client, timeout=60 if wait else 0)
         try:
-            approvals.decide_pending(run, refund_id=refund_id, decision="approve", approver="dana")
+            approvals.decide_pending(run, refund_id=refund_id, decision="approve", approver=DANA, via="console")
         except approvals.ApprovalError as error:
             if wait or error.code != "queued":
                 raise
@@ -123,7 +124,7 @@ def test_sigkill_at_named_point_then_restart_pays_exactly_once(
     refund_id = f"crash-{case}"
     first = cluster.worker("worker-1", crash_at=point)
     request = RefundRequest(order_id=order_id, message="It arrived broken; please refund it.")
-    submit_refund(cluster.client, idempotency_key=refund_id, request=request)
+    submit_refund(cluster.client, idempotency_key=refund_id, requester=HELPDESK, request=request)
 
     if needs_approval:
         wait_for(lambda: parked(cluster.client, refund_id), timeout=90, what="parking")
@@ -189,7 +190,7 @@ def test_sigkill_while_the_provider_settles_a_pending_refund_then_restart_settle
     recheck = {"PAYMENT_RECHECK_SECONDS": "1"}
     first = cluster.worker("worker-1", crash_at=point, **recheck)
     request = RefundRequest(order_id="ord_1001", message="It arrived broken; please refund it.")
-    submit_refund(cluster.client, idempotency_key=refund_id, request=request)
+    submit_refund(cluster.client, idempotency_key=refund_id, requester=HELPDESK, request=request)
     code = wait_for(first.poll, timeout=90, what="the first worker to die")
     assert code == -signal.SIGKILL, cluster.dump_logs()
     assert cluster.pending(refund_id), "the kill left nothing pending"

@@ -22,6 +22,7 @@ from agent.status import wait_for_outcome
 from steps import audit
 from steps.store import app_db, orders
 from tests.conftest import Env
+from tests.identities import DANA
 from tests.test_workflow import parked, submit
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,7 +64,7 @@ def test_dbos_cli_shows_a_parked_refunds_timers_then_cancels_and_resumes_its_con
     assert delayed == {deadline_id(refund_id), escalation_id(refund_id)}  # waiting is these rows, nothing runs
     assert dbos(env, tmp_path, "list", "--status", "PENDING") == []
     env.sandbox.set_faults(latency_ms=3000)
-    approvals.decide_pending(decide_here, refund_id=refund_id, decision="approve", approver="dana")
+    approvals.decide_pending(decide_here, refund_id=refund_id, decision="approve", approver=DANA, via="console")
     continuation = settle_id(refund_id)
     wait_for(lambda: prepared(client, continuation), timeout=60, what="the payment to start", interval=0.05)
     dbos(env, tmp_path, "cancel", continuation)
@@ -88,7 +89,7 @@ def test_dbos_cli_fork_from_the_payment_step_sends_the_same_key_and_pays_once(
     refund_id = submit(client, "dbos-cli-fork-01", "ord_1002")
     parked(client, refund_id)
     env.sandbox.set_faults(latency_ms=3000)
-    approvals.decide_pending(decide_here, refund_id=refund_id, decision="approve", approver="dana")
+    approvals.decide_pending(decide_here, refund_id=refund_id, decision="approve", approver=DANA, via="console")
     continuation = settle_id(refund_id)
     prepare_step = wait_for(lambda: prepared(client, continuation), timeout=60, what="the payment", interval=0.05)
     dbos(env, tmp_path, "cancel", continuation)

@@ -28,6 +28,7 @@ from agent.submit import submit_refund
 from steps.seed import seed
 from steps.store import app_db
 from tests.conftest import Env
+from tests.identities import HELPDESK
 from tests.live import live_service
 
 OK = {"order_id": "ord_1001", "message": "It broke.", "amount": None, "currency": None}
@@ -157,11 +158,11 @@ def test_prompt_injection_is_accepted_but_pays_no_more_than_policy(env: Env, tmp
         assert len(page["items"]) == len(INJECTIONS)
         parked = next(e for e in ends if e["status"] == "awaiting_approval")
         hostile = "Robert'); DROP TABLE refunds;-- <script>alert(1)</script>"
-        form = urlencode({"decision": "reject", "approver": hostile})
-        token = parked["approval"]["token"]
+        form = urlencode({"decision": "reject", "approver": hostile})  # a typed name is not even read
+        token = svc.link(parked["refund_id"])
         shown = svc.http.post(f"/approve/{token}", content=form, headers={"Content-Type": FORM})
-        assert shown.status_code == 200 and "<script>" not in shown.text and "&lt;script&gt;" in shown.text
-        assert svc.status(parked["refund_id"])["approval"]["approver"] == hostile  # stored verbatim, as data
+        assert shown.status_code == 200 and "<script>" not in shown.text
+        assert svc.status(parked["refund_id"])["approval"]["approver"] == "operator:dana"  # the link's approver
         assert svc.refund_rows() == len(INJECTIONS)
         ends = [svc.until(e["refund_id"], "completed", "rejected", "failed", "awaiting_approval") for e in ends]
     paid: dict[str, Decimal] = {}
@@ -211,7 +212,13 @@ def test_a_model_obeying_the_injection_cannot_pay_more_or_approve(env: Env, obed
         ("obey-vip-00001", "ord_1009"),
     ]:
         request = RefundRequest(order_id=order_id, message=INJECTIONS[1])
-        submit_refund(client, idempotency_key=key, request=request, app_version=rt.settings.refund_agent_app_version)
+        submit_refund(
+            client,
+            idempotency_key=key,
+            requester=HELPDESK,
+            request=request,
+            app_version=rt.settings.refund_agent_app_version,
+        )
         if order_id == "ord_1002":  # 4200.00 proposed on a 4200.00 order: a person must decide; nobody does
             pending = wait_for(partial(parked, client, key), timeout=60, what="the refund to park")
             outcomes[key] = {"status": "awaiting_approval", "pending": pending}

@@ -26,12 +26,16 @@ from steps.seed import seed
 from steps.store import app_db, close_app_database, open_app_database
 from tests.capture import CaptureServer
 from tests.conftest import Env
+from tests.identities import SLACK_DANA, add_approver_client, approver_env, link_token
 
-TOKEN = "test-api-token"
-SECRET = b"test-signing-secret"
-SLACK_SECRET = "test-slack-secret"
+TOKEN = "test-api-token-of-the-helpdesk-client"
+SECRET = b"test-signing-secret-of-approval-links"
+SLACK_SECRET = "test-slack-signing-secret-0123456"
+APPROVER_KEY = "test-key-of-the-approvals-desk-client"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+APPROVER = {"Authorization": f"Bearer {APPROVER_KEY}"}
 FINAL = ("completed", "rejected", "failed", "cancelled")
+FORM = "application/x-www-form-urlencoded"
 
 
 class Server:
@@ -47,6 +51,7 @@ class Server:
                 SLACK_WEBHOOK_URL=slack.url("webhook"),
                 REFUND_AGENT_PORT=str(self.port),
                 REFUND_AGENT_EXECUTOR_ID="test-server",
+                **approver_env(),
             ),
             drop=("REFUND_AGENT_CRASH_AT",),
         )
@@ -82,9 +87,17 @@ class Server:
 
         return wait_for(check, timeout=timeout, what=f"{refund_id} to reach {statuses}", interval=0.2)
 
-    def decide(self, refund_id: str, decision: str, token: str, approver: str = "dana") -> httpx.Response:
-        body = {"decision": decision, "approver": approver, "token": token}
-        return self.http.post(f"/refunds/{refund_id}/approval", json=body)
+    def decide(
+        self, refund_id: str, decision: str, amount: str = "4200.00", *, key: str = APPROVER_KEY
+    ) -> httpx.Response:
+        """A decision over the API, as the client whose key this is (the approvals desk by default)."""
+        body = {"decision": decision, "amount": amount, "currency": "USD"}
+        return self.http.post(f"/refunds/{refund_id}/approval", json=body, headers={"Authorization": f"Bearer {key}"})
+
+    def click(self, token: str, decision: str = "approve") -> httpx.Response:
+        """The approval page's button, as a browser posts it."""
+        form = urlencode({"decision": decision})
+        return self.http.post(f"/approve/{token}", content=form, headers={"Content-Type": FORM})
 
     def close(self) -> None:
         if self.proc is not None:
@@ -104,6 +117,7 @@ def server(env: Env, tmp_path: Path, slack: CaptureServer) -> Iterator[Server]:
     runtime.migrate_databases(settings)
     open_app_database(settings.app_database_url)
     seed(app_db().engine)
+    add_approver_client(app_db().engine, APPROVER_KEY)
     srv = Server(env, tmp_path / "logs", slack)
     srv.start()
     try:
@@ -201,62 +215,76 @@ def _parked(server: Server, key: str, order_id: str = "ord_1002") -> dict[str, A
     return server.until(key, "awaiting_approval")
 
 
-def test_big_refund_approved_by_signed_link(env: Env, server: Server, slack: CaptureServer) -> None:
+def _link(key: str) -> str:
+    token = wait_for(lambda: link_token(app_db().engine, key), timeout=10, what="dana's approval link")
+    return token
+
+
+def test_big_refund_approved_by_the_link_sent_to_its_approver(env: Env, server: Server, slack: CaptureServer) -> None:
     status = _parked(server, "http-big-00001")
-    approval = status["approval"]
-    assert approval["approve_url"].startswith(server.base + "/approve/")
-    page = server.http.get(approval["approve_url"])
+    assert "token" not in status["approval"] and "approve_url" not in status["approval"]  # not for the requester
+    token = _link("http-big-00001")
+    page = server.http.get(f"/approve/{token}")
     assert page.status_code == 200 and "4,200.00 USD" in page.text and "ord_1002" in page.text
-    form = server.http.post(
-        f"/approve/{approval['token']}",
-        content=urlencode({"decision": "approve", "approver": "dana <b>"}),
-        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    assert "operator:dana" in page.text and 'name="approver"' not in page.text and "name='approver'" not in page.text
+    assert (
+        page.headers["Cache-Control"] == "no-store"
+        and "frame-ancestors 'none'" in page.headers["Content-Security-Policy"]
     )
-    assert form.status_code == 200 and "Decision recorded" in form.text and "dana &lt;b&gt;" in form.text
+    form = server.click(token)
+    assert form.status_code == 200 and "Decision recorded" in form.text and "operator:dana" in form.text
     done = server.until("http-big-00001", *FINAL)
-    assert done["status"] == "completed" and done["approval"]["approver"] == "dana <b>"
-    same = server.decide("http-big-00001", "approve", approval["token"], approver="someone else")
-    assert same.status_code == 200 and same.json()["first"] is False and same.json()["approver"] == "dana <b>"
-    other = server.decide("http-big-00001", "reject", approval["token"])
+    assert done["status"] == "completed"
+    assert (done["approval"]["approver"], done["approval"]["via"]) == ("operator:dana", "link")
+    decided_page = server.http.get(f"/approve/{token}")
+    assert "Refund decided" in decided_page.text and "<button" not in decided_page.text
+    same = server.decide("http-big-00001", "approve")
+    assert same.status_code == 200 and same.json()["first"] is False and same.json()["approver"] == "operator:dana"
+    other = server.decide("http-big-00001", "reject")
     assert other.status_code == 409 and other.json()["recorded"]["decision"] == "approve"
     assert len(env.sandbox.refunds("ch_ord_1002")) == 1
     log = (server.logs / "server.log").read_text()
-    assert "GET /approve/<token>" in log and approval["token"] not in log and TOKEN not in log
+    assert "GET /approve/<token>" in log and token not in log and TOKEN not in log
     [posted] = wait_for(lambda: slack.received("webhook") or None, timeout=10, what="the Slack webhook post")
     buttons = [e for b in posted["blocks"] if b["type"] == "actions" for e in b["elements"]]
     assert {b["action_id"] for b in buttons} == {"approve", "reject", "open"}
-    assert next(b["value"] for b in buttons if b["action_id"] == "approve") == approval["token"]
+    assert tokens.verify(next(b["value"] for b in buttons if b["action_id"] == "approve"), SECRET).approver == "slack"
+    assert next(b["url"] for b in buttons if b["action_id"] == "open").endswith("/console/refunds/http-big-00001")
 
 
 def test_forged_expired_and_cross_refund_tokens_are_refused(env: Env, server: Server) -> None:
-    status = _parked(server, "http-token-0001")
-    token = status["approval"]["token"]
+    _parked(server, "http-token-0001")
+    token = _link("http-token-0001")
     body, mac = token.split(".")
-    forged = server.decide("http-token-0001", "approve", body + "." + mac[::-1])
-    assert forged.status_code == 401
-    assert server.decide("http-token-0001", "approve", "not-a-token-at-all").status_code == 401
-    elsewhere = server.decide("http-other-0001", "approve", token)
-    assert elsewhere.status_code == 403
+    assert server.click(body + "." + mac[::-1]).status_code == 401
+    assert server.click("not-a-token-at-all").status_code == 401
     past = tokens.sign(
-        tokens.ApprovalClaims("http-token-0001", Decimal("4200.00"), "USD", datetime.now(UTC) - timedelta(minutes=1)),
+        tokens.ApprovalClaims(
+            "http-token-0001", Decimal("4200.00"), "USD", datetime.now(UTC) - timedelta(minutes=1), "operator:dana"
+        ),
         SECRET,
     )
-    assert server.decide("http-token-0001", "approve", past).status_code == 410
+    assert server.click(past).status_code == 410
     wrong_amount = tokens.sign(
-        tokens.ApprovalClaims("http-token-0001", Decimal("42.00"), "USD", datetime.now(UTC) + timedelta(days=1)),
+        tokens.ApprovalClaims(
+            "http-token-0001", Decimal("42.00"), "USD", datetime.now(UTC) + timedelta(days=1), "operator:dana"
+        ),
         SECRET,
     )
-    assert server.decide("http-token-0001", "approve", wrong_amount).status_code == 409
+    assert server.click(wrong_amount).status_code == 409
+    assert server.decide("http-token-0001", "approve", amount="42.00").status_code == 409  # not what it awaits
     assert server.http.get(f"/approve/{body}.{mac[::-1]}").status_code == 401
     assert server.status("http-token-0001")["approval"]["decision"] is None
     small = server.submit("http-token-0002", "ord_1001")
     assert small.status_code == 202
     server.until("http-token-0002", *FINAL)
     unneeded = tokens.sign(
-        tokens.ApprovalClaims("http-token-0002", Decimal("42.00"), "USD", datetime.now(UTC) + timedelta(days=1)),
+        tokens.ApprovalClaims(
+            "http-token-0002", Decimal("42.00"), "USD", datetime.now(UTC) + timedelta(days=1), "operator:dana"
+        ),
         SECRET,
     )
-    assert server.decide("http-token-0002", "approve", unneeded).status_code == 409
+    assert server.click(unneeded).status_code == 409
     assert env.sandbox.refunds("ch_ord_1002") == []
 
 
@@ -281,12 +309,14 @@ def _concurrently(count: int, call: Any) -> list[httpx.Response]:
 
 
 def test_twenty_concurrent_approvals_make_one_decision(env: Env, server: Server) -> None:
-    token = _parked(server, "http-race-00001")["approval"]["token"]
+    _parked(server, "http-race-00001")
     url = f"{server.base}/refunds/http-race-00001/approval"
     responses = _concurrently(
         20,
         lambda c, i: c.post(
-            url, json={"decision": "approve" if i % 2 else "reject", "approver": f"a{i}", "token": token}
+            url,
+            json={"decision": "approve" if i % 2 else "reject", "amount": "4200.00", "currency": "USD"},
+            headers=APPROVER,
         ),
     )
     ok = [r.json() for r in responses if r.status_code == 200]
@@ -354,11 +384,11 @@ def test_lost_database_connections_answer_503_then_the_retry_succeeds_and_a_stop
 
 
 def test_server_killed_while_parked_finishes_after_restart(env: Env, server: Server) -> None:
-    token = _parked(server, "http-parked-0001")["approval"]["token"]
+    _parked(server, "http-parked-0001")
     server.kill()
     server.start()
     assert server.status("http-parked-0001")["status"] == "awaiting_approval"
-    assert server.decide("http-parked-0001", "approve", token).status_code == 200
+    assert server.decide("http-parked-0001", "approve").status_code == 200
     assert server.until("http-parked-0001", *FINAL)["status"] == "completed"
     assert len(env.sandbox.refunds("ch_ord_1002")) == 1
 
@@ -400,9 +430,11 @@ def test_slack_buttons_decide_once_with_verified_signatures(env: Env, server: Se
         for e in b["elements"]
         if e["action_id"] == "approve"
     )
+    team, user = SLACK_DANA.split("/")
     payload = {
         "type": "block_actions",
-        "user": {"id": "U1", "username": "dana"},
+        "team": {"id": team},
+        "user": {"id": user, "username": "anything-they-like", "team_id": team},
         "actions": [{"action_id": "approve", "value": token}],
         "response_url": slack.url("response"),
     }
@@ -415,11 +447,12 @@ def test_slack_buttons_decide_once_with_verified_signatures(env: Env, server: Se
     assert stale.status_code == 401
     headers = _slack_request(body)
     ok = server.http.post("/slack/interactions", content=body, headers=headers)
-    assert ok.status_code == 200 and "approve by slack:dana" in ok.json()["text"]
+    assert ok.status_code == 200 and f"approve by operator:dana (slack:{SLACK_DANA})" in ok.json()["text"]
     replay = server.http.post("/slack/interactions", content=body, headers=headers)
     assert replay.status_code == 409
     [update] = wait_for(lambda: slack.received("response") or None, timeout=10, what="the message update")
-    assert update["replace_original"] is True and "approve by slack:dana" in update["text"]
+    assert update["replace_original"] is True and "approve by operator:dana" in update["text"]
     done = server.until("http-slack-00001", *FINAL)
-    assert done["status"] == "completed" and done["approval"]["approver"] == "slack:dana"
+    assert done["status"] == "completed"
+    assert (done["approval"]["approver"], done["approval"]["via"]) == ("operator:dana", f"slack:{SLACK_DANA}")
     assert len(env.sandbox.refunds("ch_ord_1002")) == 1

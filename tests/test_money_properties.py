@@ -36,6 +36,7 @@ from steps.records import Order, OrderSnapshot, from_minor
 from steps.seed import ORDERS, seed
 from steps.store import app_db, close_app_database, open_app_database
 from tests.conftest import Env, SandboxServer, make_databases
+from tests.identities import DANA, HELPDESK
 
 LIMITS = policy.Limits(auto_approve=Decimal("100.00"), absolute_cap=Decimal("10000.00"), window_days=60)
 NOW = datetime(2026, 11, 1, tzinfo=UTC)
@@ -295,7 +296,7 @@ def _play(svc: Service, steps: list[Step], kill_after: int, crash_at: str | None
         key = f"prop-{i:02d}-{step.order_id}"
         request = RefundRequest(order_id=step.order_id, message="Please refund.", amount=step.amount)
         try:
-            submit_refund(svc.client, idempotency_key=key, request=request, app_version="0.1.0")
+            submit_refund(svc.client, idempotency_key=key, requester=HELPDESK, request=request, app_version="0.1.0")
         except SubmissionError:
             continue  # e.g. more than the order's captured amount: refused before anything starts
         accepted[key] = step
@@ -313,7 +314,7 @@ def _play(svc: Service, steps: list[Step], kill_after: int, crash_at: str | None
                 decision: Any = step.decision
                 run = approvals.decider_via_queue(svc.client, timeout=0)  # the worker records it when it can
                 with contextlib.suppress(approvals.ApprovalError):  # e.g. queued, an expiry, or already decided
-                    approvals.decide_pending(run, refund_id=key, decision=decision, approver="prop")
+                    approvals.decide_pending(run, refund_id=key, decision=decision, approver=DANA, via="console")
             if pending is None or step.decision is not None:
                 done = False
         return done

@@ -29,22 +29,31 @@ from schemathesis import Case, CheckContext, CheckFunction, Response
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
-from agent import tokens
+from agent import runtime, tokens
 from agent.http.server import create_app
 from agent.ops.processes import free_port, wait_for
 from agent.settings import Settings
 from steps.records import CURRENCY_EXPONENTS
 from steps.seed import ORDERS
+from steps.store import create_engine
 from tests.conftest import BACKENDS, Env
+from tests.identities import APPROVER_CLIENT, add_approver_client
 from tests.servers import ThreadedServer
 
-TOKEN = "test-token"
+TOKEN = "test-token-of-the-helpdesk-client-0001"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-SIGNING_SECRET = "test-secret"
-SLACK_SECRET = "test-slack-secret"  # configured, so /slack/interactions runs its verification, not a 404
+APPROVER_KEY = "test-key-of-the-approvals-desk-0001"
+SIGNING_SECRET = "test-secret-of-approval-links-0001"
+SLACK_SECRET = "test-slack-signing-secret-00000001"  # configured, so /slack/interactions runs its verification
 
-#: Operations behind the bearer token (the refunds router); the approval routes carry their own proof.
-GUARDED = {("POST", "/refunds"), ("GET", "/refunds"), ("GET", "/refunds/{refund_id}"), ("GET", "/orders")}
+#: Operations behind an API client's key; the link and Slack routes carry their own proof.
+GUARDED = {
+    ("POST", "/refunds"),
+    ("GET", "/refunds"),
+    ("GET", "/refunds/{refund_id}"),
+    ("GET", "/orders"),
+    ("POST", "/refunds/{refund_id}/approval"),
+}
 
 # The document only: building the app starts nothing (DBOS launches in the lifespan).
 DOCUMENT = create_app(Settings()).openapi()
@@ -93,6 +102,12 @@ class Service(ThreadedServer):
             slack_signing_secret=SLACK_SECRET,
             refund_agent_port=port,
         )
+        runtime.migrate_databases(settings)
+        engine = create_engine(settings.app_database_url)
+        try:
+            add_approver_client(engine, APPROVER_KEY)
+        finally:
+            engine.dispose()
         super().__init__(create_app(settings), port=port)
 
     def __enter__(self) -> Service:
@@ -113,10 +128,11 @@ class Service(ThreadedServer):
             waiting = listing.json()["items"]
             for item in waiting:
                 refund_id = item["refund_id"]
-                token = (http.get(f"/refunds/{refund_id}").json().get("approval") or {}).get("token")
-                if token:
-                    decision = {"decision": "reject", "approver": "fuzz-teardown", "token": token}
-                    http.post(f"/refunds/{refund_id}/approval", json=decision)
+                approver = {"Authorization": f"Bearer {APPROVER_KEY}"}
+                requested = (http.get(f"/refunds/{refund_id}").json().get("approval") or {}).get("requested")
+                if requested:
+                    decision = {"decision": "reject", "amount": requested["amount"], "currency": requested["currency"]}
+                    http.post(f"/refunds/{refund_id}/approval", json=decision, headers=approver)
         return not waiting
 
 
@@ -190,26 +206,29 @@ CLAIMS = st.builds(
     amount=st.one_of(st.just(Decimal("4200.00")), st.decimals(min_value=0, max_value=10**9, places=2, allow_nan=False)),
     currency=st.sampled_from(sorted(CURRENCY_EXPONENTS)),
     expires_at=st.datetimes(min_value=datetime(2001, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)),
+    approver=st.one_of(
+        st.sampled_from(["operator:admin", "slack", f"client:{APPROVER_CLIENT}", "client:default"]),
+        st.text(max_size=40),
+    ),
 )
 
 
 @sqlite_only
-@schema.include(path_regex="approv").parametrize()
-@schema.given(claims=CLAIMS)
+@drawn_schema.include(path_regex="approv").parametrize()
+@drawn_schema.given(claims=CLAIMS)
 @bounded(25)
 def test_signed_approval_tokens_never_get_a_server_error(
     case: Case[Any], claims: tokens.ApprovalClaims, pending_refund: str, service_url: str
 ) -> None:
-    """The approval routes with genuinely signed tokens, so requests get past the signature check."""
+    """The approval routes with genuinely signed tokens, so requests get past the signature check (and, with the
+    approvals desk's key, past the API's client check)."""
     token = tokens.sign(claims, SIGNING_SECRET.encode())
     if case.path_parameters is not None:
         if "token" in case.path_parameters:
             case.path_parameters["token"] = token
         if "refund_id" in case.path_parameters:
             case.path_parameters["refund_id"] = claims.refund_id
-    if isinstance(case.body, dict) and "token" in case.body:
-        case.body["token"] = token
-    case.call_and_validate(base_url=service_url, checks=CHECKS)
+    case.call_and_validate(base_url=service_url, headers={"Authorization": f"Bearer {APPROVER_KEY}"}, checks=CHECKS)
 
 
 # Server errors found by fuzzing and probing, fixed; kept as regression tests.

@@ -24,6 +24,7 @@ from agent.submit import submit_refund
 from steps.seed import seed
 from steps.store import app_db
 from tests.conftest import Env
+from tests.identities import DANA, HELPDESK
 
 
 def _parked(client: DBOSClient, refund_id: str) -> dict[str, Any]:
@@ -42,7 +43,7 @@ def test_parked_refunds_leave_no_running_workflow_and_the_next_refund_runs(env: 
         waiting = [f"holds-nothing-{n}" for n in range(3)]
         for refund_id in waiting:
             request = RefundRequest(order_id="ord_1002", message="Everything arrived broken.")
-            submit_refund(client, idempotency_key=refund_id, request=request)
+            submit_refund(client, idempotency_key=refund_id, requester=HELPDESK, request=request)
         for refund_id in waiting:
             pending = _parked(client, refund_id)
             runs = _statuses(client, refund_id)
@@ -57,7 +58,7 @@ def test_parked_refunds_leave_no_running_workflow_and_the_next_refund_runs(env: 
 
         # One queue slot, three refunds waiting: the next refund still starts at once and completes.
         small = RefundRequest(order_id="ord_1001", message="The mouse is broken.")
-        submit_refund(client, idempotency_key="holds-nothing-small", request=small)
+        submit_refund(client, idempotency_key="holds-nothing-small", requester=HELPDESK, request=small)
         assert wait_for_outcome(client, "holds-nothing-small", timeout=60)["status"] == "completed"
     finally:
         client.destroy()
@@ -90,7 +91,7 @@ def test_metrics_count_parked_escalated_and_overdue_approvals(env: Env) -> None:
     try:
         for refund_id in ("observed-0", "observed-1"):
             request = RefundRequest(order_id="ord_1002", message="Everything arrived broken.")
-            submit_refund(client, idempotency_key=refund_id, request=request)
+            submit_refund(client, idempotency_key=refund_id, requester=HELPDESK, request=request)
             _parked(client, refund_id)
 
         def scraped() -> str:
@@ -124,14 +125,14 @@ def test_a_decision_and_its_payment_go_before_deadlines_that_are_already_due(env
     client: DBOSClient = runtime.client(rt.settings)
     try:
         request = RefundRequest(order_id="ord_1002", message="Everything arrived broken.")
-        submit_refund(client, idempotency_key="priority-approved", request=request)
+        submit_refund(client, idempotency_key="priority-approved", requester=HELPDESK, request=request)
         _parked(client, "priority-approved")
         runtime.stop()
         # Six refunds whose deadlines fall due while no worker runs.
         runtime.start(env.settings(approval_timeout_seconds=6.0, approval_escalate_after_seconds=6.0, **one))
         expiring = [f"priority-expiring-{i}" for i in range(6)]
         for refund_id in expiring:
-            submit_refund(client, idempotency_key=refund_id, request=request)
+            submit_refund(client, idempotency_key=refund_id, requester=HELPDESK, request=request)
         for refund_id in expiring:
             _parked(client, refund_id)
         runtime.stop()
@@ -146,7 +147,9 @@ def test_a_decision_and_its_payment_go_before_deadlines_that_are_already_due(env
         wait_for(all_due, timeout=60, what="the deadlines to fall due")
         decider = approvals.decider_via_queue(client, timeout=0)
         with pytest.raises(approvals.ApprovalError, match="waits for a worker"):
-            approvals.decide_pending(decider, refund_id="priority-approved", decision="approve", approver="dana")
+            approvals.decide_pending(
+                decider, refund_id="priority-approved", decision="approve", approver=DANA, via="console"
+            )
         runtime.stop()
 
         runtime.start(env.settings(**one))  # one at a time, in queue order

@@ -18,13 +18,14 @@ from steps.refunds import register_request
 from steps.seed import seed
 from steps.store import app_db, refunds
 from tests.conftest import Env
+from tests.identities import HELPDESK
 
 
 def submit_as_before_the_case_file(client: DBOSClient, key: str, request: RefundRequest) -> None:
     """A refund as a release without the case file started it: under the workflow name it had then."""
     request = request.model_copy(update={"currency": "USD"})
     register_request(refund_id=key, order_id=request.order_id, request_hash=request_hash(request), currency="USD",
-                     requested=None)  # fmt: skip
+                     requested=None, requester=HELPDESK)  # fmt: skip
     options = {"queue_name": runtime.REFUND_QUEUE, "workflow_name": LEGACY_REFUND_WORKFLOW, "workflow_id": key}
     client.enqueue(options, key, request.model_dump(mode="json"))  # type: ignore[arg-type]
 
@@ -41,7 +42,7 @@ def run_refund(
             if legacy:
                 submit_as_before_the_case_file(client, key, request)
             else:
-                submit_refund(client, idempotency_key=key, request=request, app_version="0.1.0")
+                submit_refund(client, idempotency_key=key, requester=HELPDESK, request=request, app_version="0.1.0")
             outcome: dict[str, Any] = client.retrieve_workflow(key).get_result(polling_interval_sec=0.1)
             outcome["status_view"] = refund_status(client, key)
             outcome["usage_row"] = usage_row(key)

@@ -27,6 +27,7 @@ from steps.seed import seed
 from steps.store import app_db, orders, outbox, refunds
 from tests.capture import CaptureServer
 from tests.conftest import API_KEY, Env
+from tests.identities import HELPDESK
 from tests.servers import ThreadedServer
 from tests.test_workflow import running
 
@@ -37,7 +38,9 @@ JSON = "application/json"
 
 def submit(client: DBOSClient, key: str, order_id: str = "ord_1001") -> str:
     request = RefundRequest(order_id=order_id, message="The mouse stopped working.")
-    return submit_refund(client, idempotency_key=key, request=request, app_version="0.1.0").refund_id
+    return submit_refund(
+        client, idempotency_key=key, requester=HELPDESK, request=request, app_version="0.1.0"
+    ).refund_id
 
 
 def phase(client: DBOSClient, refund_id: str) -> str | None:

@@ -29,6 +29,7 @@ from agent.status import wait_for_outcome
 from agent.submit import submit_refund
 from steps.store import app_db, executor_leases, refunds
 from tests.conftest import BACKENDS, Env
+from tests.identities import HELPDESK
 from tests.scale_cluster import API_TOKEN, Cluster
 
 postgres_only = pytest.mark.skipif("postgres" not in BACKENDS, reason="REFUND_AGENT_TEST_POSTGRES_URL=off")
@@ -87,7 +88,9 @@ def test_second_process_with_a_live_executor_id_is_refused(env: Env, cluster: Cl
     assert first.poll() is None
     # The refused process ran nothing: the one live owner pays the refund once.
     request = RefundRequest(order_id="ord_1001", message="Broken, please refund 5.00", amount=Decimal("5.00"))
-    submit_refund(cluster.client, idempotency_key="one-owner-1", request=request, app_version="0.1.0")
+    submit_refund(
+        cluster.client, idempotency_key="one-owner-1", requester=HELPDESK, request=request, app_version="0.1.0"
+    )
     cluster.wait_done(["one-owner-1"])
     assert_paid_once_each(env, cluster, {"one-owner-1": "ord_1001"})
     assert cluster.statuses(["one-owner-1"])["one-owner-1"].executor_id == "shared-id"
@@ -151,7 +154,7 @@ def test_survivors_racing_to_recover_one_dead_executor_run_every_step_once(
     in_flight = [f"racing-{i}" for i in range(6)]
     request = RefundRequest(order_id="ord_1001", message="Please refund 1.00", amount=Decimal("1.00"))
     for refund_id in in_flight:
-        submit_refund(cluster.client, idempotency_key=refund_id, request=request)
+        submit_refund(cluster.client, idempotency_key=refund_id, requester=HELPDESK, request=request)
     wait_for(lambda: _rows_paying(in_flight), timeout=120, what="six refunds reserved and calling the provider")
     doomed.send_signal(signal.SIGKILL)
     wait_for(doomed.poll, timeout=30, what="worker-d to die")
@@ -220,12 +223,16 @@ def test_sigterm_finishes_the_step_in_flight_and_takes_no_new_work(env: Env, clu
     env.sandbox.set_faults(latency_ms=3000)
     worker = cluster.worker("draining", SHUTDOWN_TIMEOUT_SECONDS="60")
     request = RefundRequest(order_id="ord_1001", message="Please refund 5.00", amount=Decimal("5.00"))
-    submit_refund(cluster.client, idempotency_key="in-flight-1", request=request, app_version="0.1.0")
+    submit_refund(
+        cluster.client, idempotency_key="in-flight-1", requester=HELPDESK, request=request, app_version="0.1.0"
+    )
     wait_for(lambda: env.sandbox.stats().get("create_requests", 0) >= 1, timeout=90, what="the payment call")
 
     worker.send_signal(signal.SIGTERM)
     wait_for(lambda: "stopping: no new refunds" in cluster.log("draining"), timeout=30, what="the drain to begin")
-    submit_refund(cluster.client, idempotency_key="after-term-1", request=request, app_version="0.1.0")
+    submit_refund(
+        cluster.client, idempotency_key="after-term-1", requester=HELPDESK, request=request, app_version="0.1.0"
+    )
     assert wait_for(worker.poll, timeout=90, what="the worker to exit") == 0
 
     statuses = cluster.statuses(["in-flight-1", "after-term-1"])
@@ -246,7 +253,7 @@ def test_worker_counts_payment_retries_on_its_metrics_port(env: Env, cluster: Cl
     env.sandbox.set_faults(fail_next=2)
     cluster.worker("retrying", REFUND_AGENT_METRICS_PORT=str(port))
     request = RefundRequest(order_id="ord_1001", message="Please refund 5.00", amount=Decimal("5.00"))
-    submit_refund(cluster.client, idempotency_key="retried-1", request=request, app_version="0.1.0")
+    submit_refund(cluster.client, idempotency_key="retried-1", requester=HELPDESK, request=request, app_version="0.1.0")
     cluster.wait_done(["retried-1"])
 
     assert_paid_once_each(env, cluster, {"retried-1": "ord_1001"})
@@ -272,7 +279,9 @@ def test_queue_rate_limit_holds_refunds_beyond_the_limit_on_the_queue(env: Env, 
     ids = [f"limited-{i}" for i in range(4)]
     request = RefundRequest(order_id="ord_1001", message="Please refund 1.00", amount=Decimal("1.00"))
     for refund_id in ids:
-        submit_refund(cluster.client, idempotency_key=refund_id, request=request, app_version="0.1.0")
+        submit_refund(
+            cluster.client, idempotency_key=refund_id, requester=HELPDESK, request=request, app_version="0.1.0"
+        )
 
     def two_done() -> dict[str, str] | None:
         found = {r: w.status for r, w in cluster.statuses(ids).items()}

@@ -26,7 +26,9 @@ from starlette.routing import Mount
 from agent import tokens
 from agent.http.server import create_app
 from agent.ops.processes import wait_for
+from tests.capture import CaptureServer
 from tests.conftest import Env
+from tests.identities import SLACK_DANA
 from tests.live import LiveService, Secrets, live_service
 
 STATE_CHANGING = {"POST", "PUT", "PATCH", "DELETE"}
@@ -37,7 +39,9 @@ _PARAM = re.compile(r"\{([^}:]+)(:[^}]*)?\}")
 
 
 def _forged(refund_id: str, amount: str = "4200.00") -> str:
-    claims = tokens.ApprovalClaims(refund_id, Decimal(amount), "USD", datetime.now(UTC) + timedelta(days=1))
+    claims = tokens.ApprovalClaims(
+        refund_id, Decimal(amount), "USD", datetime.now(UTC) + timedelta(days=1), "operator:dana"
+    )
     return tokens.sign(claims, b"an attacker's own key")
 
 
@@ -105,57 +109,69 @@ def _slack_headers(body: str, secret: str, *, ts: int | None = None) -> dict[str
     }
 
 
-def _slack_body(token: str, decision: str = "approve", user: str = "dana") -> str:
-    payload: dict[str, Any] = {"type": "block_actions", "user": {"id": "U1", "username": user}}
+def _slack_body(token: str, decision: str = "approve", slack_id: str = SLACK_DANA, name: str = "dana") -> str:
+    team, user = slack_id.split("/")
+    payload: dict[str, Any] = {"type": "block_actions", "team": {"id": team}}
+    payload["user"] = {"id": user, "team_id": team, "username": name}
     payload["actions"] = [{"action_id": decision, "value": token}]
     return urlencode({"payload": json.dumps(payload)})
 
 
-def _click(svc: LiveService, token: str, decision: str = "approve", approver: str = "dana") -> Response:
+def _slack_token(svc: LiveService, slack: CaptureServer, refund_id: str) -> str:
+    """The token behind the Approve button of the Slack message about ``refund_id``."""
+
+    def posted() -> str | None:
+        for message in slack.received("webhook"):
+            if refund_id in message["text"]:
+                buttons = [e for b in message["blocks"] if b["type"] == "actions" for e in b["elements"]]
+                return str(next(b["value"] for b in buttons if b["action_id"] == "approve"))
+        return None
+
+    found: str = wait_for(posted, timeout=10, what=f"the Slack message about {refund_id}")
+    return found
+
+
+def _click(svc: LiveService, token: str, decision: str = "approve", **extra: str) -> Response:
     """The approval page's form, as a browser posts it."""
-    content = urlencode({"decision": decision, "approver": approver})
+    content = urlencode({"decision": decision, **extra})
     return svc.http.post(f"/approve/{token}", content=content, headers={"Content-Type": FORM})
 
 
-def _decide(svc: LiveService, refund_id: str, token: str, decision: str = "approve") -> int:
-    body = {"decision": decision, "approver": "mallory", "token": token}
-    return svc.http.post(f"/refunds/{refund_id}/approval", json=body).status_code
-
-
 def test_forged_expired_replayed_and_cross_refund_tokens_decide_nothing(env: Env, tmp_path: Path) -> None:
-    with live_service(env, tmp_path) as (svc, _):
+    with live_service(env, tmp_path) as (svc, slack):
         assert svc.submit("sec-token-A001", "ord_1002").status_code == 202
         assert svc.submit("sec-token-B001", "ord_1009").status_code == 202
-        token_a = svc.until("sec-token-A001", "awaiting_approval")["approval"]["token"]
-        token_b = svc.until("sec-token-B001", "awaiting_approval")["approval"]["token"]
+        svc.until("sec-token-A001", "awaiting_approval")
+        svc.until("sec-token-B001", "awaiting_approval")
+        token_a, token_b = svc.link("sec-token-A001"), svc.link("sec-token-B001")
         secret = svc.keys.signing_secret.encode()
         body_b, _ = token_b.split(".")
         _, mac_a = token_a.split(".")
         expired = tokens.sign(
             tokens.ApprovalClaims(
-                "sec-token-A001", Decimal("4200.00"), "USD", datetime.now(UTC) - timedelta(seconds=1)
+                "sec-token-A001", Decimal("4200.00"), "USD", datetime.now(UTC) - timedelta(seconds=1), "operator:dana"
             ),
             secret,
         )
-        assert _decide(svc, "sec-token-A001", _forged("sec-token-A001")) == 401  # signed with another key
-        assert _decide(svc, "sec-token-B001", f"{body_b}.{mac_a}") == 401  # B's claims under A's signature
-        assert _decide(svc, "sec-token-A001", expired) == 410
-        assert _decide(svc, "sec-token-B001", token_a) == 403  # A's genuine token presented for B
-        forged_form = _click(svc, _forged("sec-token-A001"), approver="mallory")
-        assert forged_form.status_code == 401 and "not valid" in forged_form.text
+        assert _click(svc, _forged("sec-token-A001")).status_code == 401  # signed with another key
+        assert _click(svc, f"{body_b}.{mac_a}").status_code == 401  # B's claims under A's signature
+        assert _click(svc, expired).status_code == 410
         assert svc.http.get(f"/approve/{_forged('sec-token-A001')}").status_code == 401
+        slack_b = _slack_token(svc, slack, "sec-token-B001")
+        assert _click(svc, slack_b).status_code == 403  # Slack's token decides only through Slack
 
-        first = _click(svc, token_a)
+        first = _click(svc, token_a, approver="mallory")  # a typed name is not read: the link's approver decides
         replayed = _click(svc, token_a)  # the same click, replayed
         assert first.status_code == 200 and replayed.status_code == 200
-        assert _decide(svc, "sec-token-A001", token_a, "reject") == 409
+        assert "operator:dana" in first.text and "mallory" not in first.text
+        assert svc.decide("sec-token-A001", "reject", "4200.00").status_code == 409
         done = svc.until("sec-token-A001", "completed", "rejected", "failed")
-        assert done["status"] == "completed" and done["approval"]["approver"] == "dana"
+        assert done["status"] == "completed" and done["approval"]["approver"] == "operator:dana"
         assert _click(svc, token_a).status_code == 200  # replayed after the payment
         assert len(env.sandbox.refunds("ch_ord_1002")) == 1
 
         slack_secret = svc.keys.slack_signing_secret
-        body = _slack_body(token_b)
+        body = _slack_body(slack_b)
         signed = _slack_headers(body, slack_secret)
         for headers, what in [
             (_slack_headers(body, slack_secret, ts=int(time.time()) - 6 * 60), "stale"),
@@ -165,7 +181,7 @@ def test_forged_expired_replayed_and_cross_refund_tokens_decide_nothing(env: Env
             ({"Content-Type": FORM}, "unsigned"),
         ]:
             assert svc.http.post("/slack/interactions", content=body, headers=headers).status_code == 401, what
-        tampered = _slack_body(token_b, user="mallory")
+        tampered = _slack_body(slack_b, slack_id="T0001/U0666")
         assert svc.http.post("/slack/interactions", content=tampered, headers=signed).status_code == 401
         b = svc.status("sec-token-B001")
         assert b["status"] == "awaiting_approval" and b["approval"]["decision"] is None
@@ -181,8 +197,10 @@ def test_secrets_never_appear_in_logs_of_a_full_run(env: Env, tmp_path: Path, ca
         assert svc.submit("sec-logs-small1", "ord_1001").status_code == 202
         assert svc.submit("sec-logs-link01", "ord_1002").status_code == 202
         assert svc.submit("sec-logs-slack1", "ord_1009").status_code == 202
-        link_token = svc.until("sec-logs-link01", "awaiting_approval")["approval"]["token"]
-        slack_token = svc.until("sec-logs-slack1", "awaiting_approval")["approval"]["token"]
+        svc.until("sec-logs-link01", "awaiting_approval")
+        svc.until("sec-logs-slack1", "awaiting_approval")
+        link_token = svc.link("sec-logs-link01")
+        slack_token = _slack_token(svc, slack, "sec-logs-slack1")
         assert svc.http.get(f"/approve/{link_token}").status_code == 200
         assert _click(svc, link_token).status_code == 200
         body = _slack_body(slack_token)
@@ -204,6 +222,7 @@ def test_secrets_never_appear_in_logs_of_a_full_run(env: Env, tmp_path: Path, ca
     assert len(env.sandbox.refunds()) == 3
     secrets_in_use = {
         "API token": keys.api_token,
+        "approvers' API key": keys.approver_key,
         "approval signing secret": keys.signing_secret,
         "Slack signing secret": keys.slack_signing_secret,
         "payments API key": keys.payments_api_key,

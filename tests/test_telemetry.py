@@ -17,6 +17,7 @@ from agent.ops.processes import wait_for
 from agent.runtime import dbos_config
 from agent.submit import submit_refund
 from tests.conftest import Env
+from tests.identities import HELPDESK
 from tests.scale_cluster import Cluster
 from tests.servers import ThreadedServer
 
@@ -75,7 +76,9 @@ def test_worker_exports_workflow_and_agent_spans_and_logs_json_with_refund_ids(
             REFUND_AGENT_LOG_FORMAT="json",
         )
         request = RefundRequest(order_id="ord_1001", message=MESSAGE, amount=Decimal("5.00"))
-        submit_refund(cluster.client, idempotency_key="traced-refund-1", request=request, app_version="0.1.0")
+        submit_refund(
+            cluster.client, idempotency_key="traced-refund-1", requester=HELPDESK, request=request, app_version="0.1.0"
+        )
         cluster.wait_done(["traced-refund-1"])
 
         def exported() -> set[str] | None:

@@ -16,7 +16,7 @@ from agent.tokens import ApprovalClaims, TokenError, sign, verify
 
 SECRET = b"approval-signing-secret"
 EXPIRES = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
-CLAIMS = ApprovalClaims("req-2026-0001", Decimal("4200.00"), "USD", EXPIRES)
+CLAIMS = ApprovalClaims("req-2026-0001", Decimal("4200.00"), "USD", EXPIRES, "operator:dana")
 BEFORE = EXPIRES - timedelta(seconds=1)
 
 
@@ -36,14 +36,22 @@ def _refused(token: str, code: str, message: str, secret: bytes = SECRET) -> Non
 
 def test_a_token_is_hmac_sha256_over_the_claims_as_canonical_json() -> None:
     """The format is part of every link already sent: it must not drift."""
-    body = b'{"a":"4200.00","c":"USD","e":1796385600,"r":"req-2026-0001"}'
+    body = b'{"a":"4200.00","c":"USD","e":1796385600,"p":"operator:dana","r":"req-2026-0001"}'
     assert sign(CLAIMS, SECRET) == _signed(body)
     assert "=" not in sign(CLAIMS, SECRET)
 
 
+def test_a_token_that_names_no_approver_does_not_verify() -> None:
+    """Links signed before approvers were bound let whoever held them decide under any name: refused now."""
+    unbound = _signed(b'{"a":"4200.00","c":"USD","e":1796385600,"r":"req-2026-0001"}')
+    with pytest.raises(TokenError, match="names no approver") as raised:
+        verify(unbound, SECRET, now=BEFORE)
+    assert raised.value.code == "invalid"
+
+
 @pytest.mark.parametrize("refund_id", ["r", "ab", "abc", "abcd", "req-2026-00001"])  # every base64 padding length
 def test_a_genuine_token_verifies_to_its_claims(refund_id: str) -> None:
-    claims = ApprovalClaims(refund_id, Decimal("0.01"), "JPY", EXPIRES)
+    claims = ApprovalClaims(refund_id, Decimal("0.01"), "JPY", EXPIRES, "operator:dana")
     assert verify(sign(claims, SECRET), SECRET, now=BEFORE) == claims
 
 
@@ -64,9 +72,13 @@ def test_a_token_expires_at_its_expiry_not_after() -> None:
 
 def test_without_a_given_time_a_token_is_judged_against_the_clock() -> None:
     now = datetime.now(UTC)
-    live = ApprovalClaims("req-live", Decimal("1.00"), "USD", (now + timedelta(hours=1)).replace(microsecond=0))
+    live = ApprovalClaims(
+        "req-live", Decimal("1.00"), "USD", (now + timedelta(hours=1)).replace(microsecond=0), "operator:dana"
+    )
     assert verify(sign(live, SECRET), SECRET) == live
-    dead = ApprovalClaims("req-dead", Decimal("1.00"), "USD", (now - timedelta(hours=1)).replace(microsecond=0))
+    dead = ApprovalClaims(
+        "req-dead", Decimal("1.00"), "USD", (now - timedelta(hours=1)).replace(microsecond=0), "operator:dana"
+    )
     with pytest.raises(TokenError) as raised:
         verify(sign(dead, SECRET), SECRET)
     assert raised.value.code == "expired"
@@ -99,10 +111,10 @@ def test_a_token_that_is_not_two_base64_parts_is_malformed(token: str) -> None:
     [
         b"not json",
         b'["a", "list"]',
-        b'{"a":"4200.00","c":"USD","e":1796385600}',
-        b'{"a":"lots","c":"USD","e":1796385600,"r":"x"}',
-        b'{"a":"1.00","c":"USD","e":"soon","r":"x"}',
-        b'{"a":"1.00","c":"USD","e":null,"r":"x"}',
+        b'{"a":"4200.00","c":"USD","e":1796385600,"p":"operator:dana"}',
+        b'{"a":"lots","c":"USD","e":1796385600,"p":"operator:dana","r":"x"}',
+        b'{"a":"1.00","c":"USD","e":"soon","p":"operator:dana","r":"x"}',
+        b'{"a":"1.00","c":"USD","e":null,"p":"operator:dana","r":"x"}',
     ],
     ids=["not json", "not an object", "no refund", "amount not a number", "expiry not a number", "no expiry"],
 )

@@ -32,6 +32,7 @@ from agent.ops.processes import wait_for
 from agent.status import parked
 from agent.submit import submit_refund
 from tests.conftest import Env
+from tests.identities import DANA, HELPDESK
 from tests.scale_cluster import Cluster
 from tests.test_scale import assert_paid_once_each
 
@@ -120,7 +121,9 @@ def stop_a_during_payments_then_start_b(env: Env, cluster: Cluster, root: Path) 
     release_a = cluster.worker("release-a", QUEUE_WORKER_CONCURRENCY="8")
     in_flight = [f"upgrade-{i}" for i in range(3)]
     for refund_id in in_flight:
-        submit_refund(cluster.client, idempotency_key=refund_id, request=SMALL, app_version=PINNED_VERSION)
+        submit_refund(
+            cluster.client, idempotency_key=refund_id, requester=HELPDESK, request=SMALL, app_version=PINNED_VERSION
+        )
     wait_for(lambda: _all_paying(cluster, in_flight), timeout=120, what="the payment calls")
 
     release_a.send_signal(signal.SIGTERM)  # drains for 1 s, then stops: the payments are still in flight
@@ -142,7 +145,7 @@ def _all_paying(cluster: Cluster, refund_ids: list[str]) -> bool:
 def test_refunds_in_flight_on_release_a_finish_on_patched_release_b(env: Env, cluster: Cluster, tmp_path: Path) -> None:
     in_flight = stop_a_during_payments_then_start_b(env, cluster, build_release_b(tmp_path / "release-b"))
     fresh = "upgrade-fresh"
-    submit_refund(cluster.client, idempotency_key=fresh, request=SMALL, app_version=PINNED_VERSION)
+    submit_refund(cluster.client, idempotency_key=fresh, requester=HELPDESK, request=SMALL, app_version=PINNED_VERSION)
 
     final = cluster.wait_done([*in_flight, fresh])
     assert {w.status for w in final.values()} == {"SUCCESS"}
@@ -172,7 +175,7 @@ def test_a_refund_parked_under_version_a_is_paid_once_by_a_worker_of_version_b(e
     waiting = [f"parked-on-a-{i}" for i in range(3)]
     request = RefundRequest(order_id="ord_1002", message="Please refund 150.00", amount=Decimal("150.00"))
     for refund_id in waiting:
-        submit_refund(cluster.client, idempotency_key=refund_id, request=request)
+        submit_refund(cluster.client, idempotency_key=refund_id, requester=HELPDESK, request=request)
     for refund_id in waiting:
         wait_for(lambda r=refund_id: parked(cluster.client, r), timeout=120, what="parking")  # type: ignore[misc]
     release_a.send_signal(signal.SIGTERM)
@@ -184,7 +187,7 @@ def test_a_refund_parked_under_version_a_is_paid_once_by_a_worker_of_version_b(e
     cluster.worker("release-b", REFUND_AGENT_APP_VERSION="B")  # no worker of A runs from here on
     decider = approvals.decider_via_queue(cluster.client)
     for refund_id in waiting:
-        approvals.decide_pending(decider, refund_id=refund_id, decision="approve", approver="dana")
+        approvals.decide_pending(decider, refund_id=refund_id, decision="approve", approver=DANA, via="console")
     final = cluster.wait_done([settle_id(r) for r in waiting])
     assert {(w.status, w.executor_id, w.app_version) for w in final.values()} == {("SUCCESS", "release-b", "B")}
     assert_paid_once_each(env, cluster, dict.fromkeys(waiting, "ord_1002"))

@@ -16,6 +16,7 @@ from dbos import DBOSClient
 from agent import approvals, runtime, status
 from agent.approval_workflows import decide_here
 from agent.domain import RefundRequest
+from agent.identity import Principal
 from agent.ops.processes import wait_for
 from agent.status import refund_status, wait_for_outcome
 from agent.submit import SubmissionError, submit_refund
@@ -23,11 +24,14 @@ from steps import audit
 from steps.seed import seed
 from steps.store import app_db, outbox
 from tests.conftest import Env
+from tests.identities import DANA, HELPDESK
 
 
 def submit(client: DBOSClient, key: str, order_id: str, message: str = "Please refund me", **kw: Any) -> str:
     request = RefundRequest(order_id=order_id, message=message, **kw)
-    return submit_refund(client, idempotency_key=key, request=request, app_version="0.1.0").refund_id
+    return submit_refund(
+        client, idempotency_key=key, requester=HELPDESK, request=request, app_version="0.1.0"
+    ).refund_id
 
 
 def result(client: DBOSClient, refund_id: str) -> dict[str, Any]:
@@ -81,7 +85,8 @@ def test_large_refund_waits_for_approval_then_pays(env: Env, client: DBOSClient)
         decide_here,
         refund_id=refund_id,
         decision="approve",
-        approver="dana",
+        approver=DANA,
+        via="console",
         amount=Decimal("4200.00"),
         currency="USD",
     )
@@ -106,7 +111,8 @@ def test_concurrent_approvals_record_one_decision(env: Env, client: DBOSClient) 
                 decide_here,
                 refund_id=refund_id,
                 decision="approve" if i % 2 else "reject",
-                approver=f"approver-{i}",
+                approver=Principal("operator", f"approver-{i}"),
+                via="console",
                 amount=Decimal("4200.00"),
                 currency="USD",
             )
@@ -133,7 +139,8 @@ def test_decision_for_another_amount_is_refused(env: Env, client: DBOSClient) ->
             decide_here,
             refund_id=refund_id,
             decision="approve",
-            approver="dana",
+            approver=DANA,
+            via="console",
             amount=Decimal("42.00"),
             currency="USD",
         )
@@ -143,7 +150,8 @@ def test_decision_for_another_amount_is_refused(env: Env, client: DBOSClient) ->
             decide_here,
             refund_id=refund_id,
             decision="approve",
-            approver="dana",
+            approver=DANA,
+            via="console",
             amount=Decimal("4200.00"),
             currency="EUR",
         )
@@ -174,14 +182,15 @@ def test_no_decision_escalates_then_expires_and_late_decision_is_refused(env: En
                 decide_here,
                 refund_id=refund_id,
                 decision="approve",
-                approver="late",
+                approver=Principal("operator", "late"),
+                via="console",
                 amount=Decimal(request["amount"]),
                 currency="USD",
             )
         assert error.value.code == "expired"
         with app_db().engine.connect() as conn:
             kinds = [r.message_key for r in conn.execute(sa.select(outbox).where(outbox.c.refund_id == refund_id))]
-        assert f"{refund_id}:approvers:escalation" in kinds
+        assert f"{refund_id}:approvers:escalation:admin" in kinds  # each approver its own link
         assert env.sandbox.refunds("ch_ord_1002") == []
 
 
@@ -261,6 +270,7 @@ def test_concurrent_audit_appends_keep_one_unbroken_chain(env: Env, service: run
                     request_hash="h" * 64,
                     currency="USD",
                     requested=None,
+                    requester=HELPDESK,
                 )
         except BaseException as error:
             errors.append(error)
@@ -285,7 +295,13 @@ def test_order_refunded_by_hand_while_waiting_is_not_paid_again(env: Env, client
     with app_db().engine.begin() as conn:
         conn.execute(orders.update().where(orders.c.order_id == "ord_1002").values(amount_refunded_minor=420000))
     approvals.decide(
-        decide_here, refund_id=refund_id, decision="approve", approver="dana", amount=Decimal("4200.00"), currency="USD"
+        decide_here,
+        refund_id=refund_id,
+        decision="approve",
+        approver=DANA,
+        via="console",
+        amount=Decimal("4200.00"),
+        currency="USD",
     )
     outcome = result(client, refund_id)
     assert outcome["status"] == "rejected" and "re-check before paying" in outcome["detail"]
@@ -310,7 +326,7 @@ def test_status_shows_one_refund_across_its_workflows(env: Env, client: DBOSClie
         f"{refund_id}/deadline",
         f"{refund_id}/escalate",
     ]
-    approvals.decide_pending(decide_here, refund_id=refund_id, decision="approve", approver="dana")
+    approvals.decide_pending(decide_here, refund_id=refund_id, decision="approve", approver=DANA, via="console")
     assert result(client, refund_id)["status"] == "completed"
     done = refund_status(client, refund_id)
     assert done is not None and done["status"] == "completed" and done["outcome"]["status"] == "completed"
@@ -326,7 +342,7 @@ def test_a_refund_decided_before_its_reminder_gets_no_reminder_and_its_deadline_
     with running(env, approval_escalate_after_seconds=1.0, approval_timeout_seconds=2.0) as client:
         refund_id = submit(client, "key-early-0001", "ord_1002")
         parked(client, refund_id)
-        approvals.decide_pending(decide_here, refund_id=refund_id, decision="approve", approver="dana")
+        approvals.decide_pending(decide_here, refund_id=refund_id, decision="approve", approver=DANA, via="console")
         assert result(client, refund_id)["status"] == "completed"
         timers = [f"{refund_id}/escalate", f"{refund_id}/deadline"]
 

@@ -14,6 +14,7 @@ from fastapi.responses import RedirectResponse, Response
 from agent import approvals
 from agent.console import actions, auth, data, pages
 from agent.console.pages import SessionDep, StateDep
+from agent.identity import Principal
 from agent.services import Services, ServicesDep
 
 log = logging.getLogger(__name__)
@@ -173,14 +174,17 @@ def decide(
             svc.decider,
             refund_id=refund_id,
             decision="approve" if decision == "approve" else "reject",
-            approver=f"console:{session.operator}",
+            approver=Principal("operator", session.operator),  # the signed-in operator, never a typed name
+            via="console",
             amount=Decimal(amount),  # what the operator saw: a decision is bound to it
             currency=currency,
+            authority=svc.settings.approval_limits,
         )
     except (InvalidOperation, ValueError):
         return pages.message(request, state, session, "Not recorded", "The form did not name an amount.", 400)
     except approvals.ApprovalError as error:
-        return pages.message(request, state, session, "Not recorded", str(error), 409)
+        status = 403 if error.code in ("requester", "authority") else 409
+        return pages.message(request, state, session, "Not recorded", str(error), status)
     record = result.record
     if record.decision != decision:
         text = f"Refund {refund_id} was already decided: {record.decision} by {record.approver}."
@@ -231,7 +235,7 @@ def admin_action(
     if refused := pages.guard(request, state, session, csrf, "admin"):
         return refused
     assert session is not None and session.operator is not None
-    operator = f"console:{session.operator}"
+    operator = str(Principal("operator", session.operator))
     suffix = ""
     try:
         if action == "cancel":

@@ -1,4 +1,13 @@
-"""Approval routes: signed links, the confirmation page and Slack buttons. Each carries its own proof."""
+"""Approval routes: the API's decision, signed links and Slack buttons. Each establishes who decides itself.
+
+- ``POST /refunds/{id}/approval``: an API client with ``approvals:decide``; it decides as itself.
+- ``/approve/{token}``: a link bound to the approver it was sent to; whoever opens it decides as them.
+- ``POST /slack/interactions``: Slack's signed request; the clicking user must be on the allow-list, and
+  decides as the operator it maps to.
+
+Nobody types a name anywhere. Every path ends in ``agent.approvals.decide``, which refuses the refund's
+requester and enforces approval authority.
+"""
 
 from __future__ import annotations
 
@@ -6,50 +15,74 @@ import asyncio
 import html
 import json
 import logging
+from decimal import Decimal
 from typing import Annotated, Any, Literal
 from urllib.parse import parse_qs
 
 import sqlalchemy as sa
-from fastapi import APIRouter, Form, Request
+from fastapi import APIRouter, Depends, Form, Request
 from fastapi.responses import HTMLResponse, JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.webhook import WebhookClient
 
 from agent import approvals, tokens
+from agent.http.clients import principal_of, requiring
 from agent.http.problems import Problem
+from agent.identity import Principal, approver_names
 from agent.services import Services, ServicesDep
-from steps.records import format_money
+from steps import clients
+from steps.notify import mrkdwn_escape
+from steps.records import ApiClient, ApprovalRecord, format_money
+from steps.refunds import recorded_decision
 from steps.store import app_db, slack_deliveries
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["approvals"])
 
-_STATUS = {"nothing_pending": 409, "mismatch": 409, "expired": 410, "invalid": 422}
+_STATUS = {"nothing_pending": 409, "mismatch": 409, "expired": 410, "invalid": 422, "requester": 403, "authority": 403}
+#: The link pages carry a capability in their URL: never framed, cached, or sent on as a referrer.
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
+    "frame-ancestors 'none'; base-uri 'none'",
+    "Cache-Control": "no-store",
+    "Referrer-Policy": "no-referrer",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+}
+Decider = Annotated[ApiClient, Depends(requiring("approvals:decide"))]
 
 
 class DecisionIn(BaseModel):
+    """A decision, bound to the amount and currency the deciding client saw. Who decides is the API key's client."""
+
+    model_config = ConfigDict(extra="forbid")
+
     decision: Literal["approve", "reject"]
-    approver: str = Field(min_length=1, max_length=200)
-    token: str = Field(min_length=10, max_length=2000)
+    amount: str = Field(pattern=r"^[0-9]{1,12}(\.[0-9]{1,3})?$", examples=["4200.00"])
+    currency: str = Field(min_length=3, max_length=3, examples=["USD"])
 
 
-def decide(svc: Services, refund_id: str, decision: approvals.Decision, approver: str, token: str) -> dict[str, Any]:
-    """Verify the token, record the decision (first writer wins) and return the recorded one."""
-    try:
-        claims = tokens.verify(token, svc.signing_secret)
-    except tokens.TokenError as error:
-        raise Problem(410 if error.code == "expired" else 401, str(error)) from error
-    if claims.refund_id != refund_id:
-        raise Problem(403, "this approval token is for another refund")
+def decide(
+    svc: Services,
+    refund_id: str,
+    decision: approvals.Decision,
+    approver: Principal,
+    via: str,
+    amount: Decimal,
+    currency: str,
+) -> dict[str, Any]:
+    """Record the decision (first writer wins) and return the recorded one."""
     try:
         result = approvals.decide(
             svc.decider,
             refund_id=refund_id,
             decision=decision,
             approver=approver,
-            amount=claims.amount,
-            currency=claims.currency,
+            via=via,
+            amount=amount,
+            currency=currency,
+            authority=svc.settings.approval_limits,
         )
     except approvals.ApprovalError as error:
         recorded = error.recorded.model_dump(mode="json") if error.recorded else None
@@ -57,13 +90,16 @@ def decide(svc: Services, refund_id: str, decision: approvals.Decision, approver
     record = result.record.model_dump(mode="json")
     if result.record.decision != decision:
         raise Problem(409, f"refund {refund_id} was already decided: {result.record.decision}", recorded=record)
+    log.info("refund %s: %s by %s via %s", refund_id, decision, approver, via)
     return {**record, "first": result.first}
 
 
 @router.post("/refunds/{refund_id}/approval")
-def post_decision(refund_id: str, body: DecisionIn, svc: ServicesDep) -> dict[str, Any]:
-    """Approve or reject with a signed token. Repeats get the recorded decision; a different one is 409."""
-    return decide(svc, refund_id, body.decision, body.approver, body.token)
+def post_decision(refund_id: str, body: DecisionIn, svc: ServicesDep, client: Decider) -> dict[str, Any]:
+    """Approve or reject as the calling client (scope ``approvals:decide``; never the refund's requester).
+    Repeats get the recorded decision; a different one is 409."""
+    amount, currency = Decimal(body.amount), body.currency.upper()
+    return decide(svc, refund_id, body.decision, principal_of(client), "api", amount, currency)
 
 
 def _page(title: str, body: str, status: int = 200) -> HTMLResponse:
@@ -73,31 +109,60 @@ def _page(title: str, body: str, status: int = 200) -> HTMLResponse:
         "padding:0 1rem}button{font-size:1.1rem;padding:.5rem 1.2rem;margin-right:.5rem}</style></head>"
         f"<body><h1>{html.escape(title)}</h1>{body}</body></html>",
         status_code=status,
+        headers=PAGE_HEADERS,
     )
+
+
+def link_approver(svc: Services, claims: tokens.ApprovalClaims) -> Principal:
+    """The principal a link decides as, if it may still decide: an operator still configured with a role that
+    decides, or a live client with ``approvals:decide``. Slack's tokens decide only through Slack."""
+    try:
+        approver = Principal.parse(claims.approver)
+    except ValueError as error:
+        raise Problem(403, "this link is for Slack's buttons; decide there or in the console") from error
+    if approver.kind == "operator" and approver.name in approver_names(svc.settings.refund_agent_operators):
+        return approver
+    if approver.kind == "client":
+        found = clients.get_client(app_db().engine, approver.name)
+        if found is not None and found.allows("approvals:decide"):
+            return approver
+    raise Problem(403, f"{approver} may no longer decide refunds")
+
+
+def _recorded_text(record: ApprovalRecord) -> str:
+    money = format_money(record.amount, record.currency)
+    when = record.decided_at.strftime("%Y-%m-%d %H:%M UTC")
+    return f"{record.decision} for {money} by {record.approver} ({record.via or 'recorded'}) at {when}"
 
 
 @router.get("/approve/{token}", response_class=HTMLResponse)
 def approval_page(token: str, svc: ServicesDep, decision: str | None = None) -> HTMLResponse:
-    """A confirmation page: amount, order and reason, with Approve and Reject buttons."""
+    """The refund (amount, order, the agent's reason) and, while undecided, Approve and Reject buttons."""
     try:
         claims = tokens.verify(token, svc.signing_secret)
+        approver = link_approver(svc, claims)
     except tokens.TokenError as error:
-        return _page(
-            "Approval link not valid", f"<p>{html.escape(str(error))}</p>", 410 if error.code == "expired" else 401
-        )
+        status = 410 if error.code == "expired" else 401
+        return _page("Approval link not valid", f"<p>{html.escape(str(error))}</p>", status)
+    except Problem as error:
+        return _page("Approval link not valid", f"<p>{html.escape(error.detail)}</p>", error.status)
     pending = approvals.pending_request(claims.refund_id) or {}
     with app_db().engine.connect() as conn:
         row = conn.execute(
             sa.text("SELECT order_id FROM refunds WHERE refund_id = :r"), {"r": claims.refund_id}
         ).first()
+        recorded = recorded_decision(conn, claims.refund_id)
     esc = html.escape
     body = (
         f"<p>Refund <b>{esc(claims.refund_id)}</b> of <b>{esc(format_money(claims.amount, claims.currency))}</b>"
         f" on order <b>{esc(row.order_id if row else '?')}</b>.</p>"
+    )
+    if recorded is not None:  # decided (or expired): what stands, never buttons
+        return _page("Refund decided", body + f"<p id='decision'>Decided: {esc(_recorded_text(recorded))}.</p>")
+    body += (
         f"<p>Reason given by the agent: {esc(str(pending.get('reason', '')))}</p>"
-        f"<p>Link expires {esc(claims.expires_at.isoformat())}.</p>"
+        f"<p>You decide as <b>{esc(str(approver))}</b>. The link expires {esc(claims.expires_at.isoformat())}.</p>"
         f"<form method='post' action='/approve/{esc(token)}'>"
-        "<p><label>Your name <input name='approver' required maxlength='200'></label></p>"
         f"<button name='decision' value='approve'{' autofocus' if decision == 'approve' else ''}>Approve</button>"
         f"<button name='decision' value='reject'{' autofocus' if decision == 'reject' else ''}>Reject</button>"
         "</form>"
@@ -107,20 +172,20 @@ def approval_page(token: str, svc: ServicesDep, decision: str | None = None) -> 
 
 @router.post("/approve/{token}", response_class=HTMLResponse)
 def approval_form(
-    token: str,
-    svc: ServicesDep,
-    decision: Annotated[Literal["approve", "reject"], Form()],
-    approver: Annotated[str, Form(max_length=200)],
+    token: str, svc: ServicesDep, decision: Annotated[Literal["approve", "reject"], Form()]
 ) -> HTMLResponse:
+    """The page's buttons: the decision is the link's approver's."""
     try:
         claims = tokens.verify(token, svc.signing_secret)
-        record = decide(svc, claims.refund_id, decision, approver.strip(), token)
+        approver = link_approver(svc, claims)
+        record = decide(svc, claims.refund_id, decision, approver, "link", claims.amount, claims.currency)
     except tokens.TokenError as error:
         status = 410 if error.code == "expired" else 401
         return _page("Approval link not valid", f"<p>{html.escape(str(error))}</p>", status)
     except Problem as error:
         return _page("Decision not recorded", f"<p>{html.escape(error.detail)}</p>", error.status)
-    return _page("Decision recorded", f"<p>{html.escape(record['decision'])} by {html.escape(record['approver'])}.</p>")
+    text = f"{record['decision']} by {record['approver']}"
+    return _page("Decision recorded", f"<p id='decision'>{html.escape(text)}.</p>")
 
 
 def _first_delivery(signature: str) -> bool:
@@ -133,9 +198,23 @@ def _first_delivery(signature: str) -> bool:
         return False
 
 
+def slack_approver(svc: Services, payload: dict[str, Any]) -> tuple[Principal, str]:
+    """The operator an allow-listed Slack user decides as, and the Slack id (``slack:<team>/<user>``) it used."""
+    user = payload.get("user") or {}
+    team = user.get("team_id") or (payload.get("team") or {}).get("id") or ""
+    slack_id = f"{team}/{user.get('id') or ''}"
+    operator = svc.settings.slack_approvers.get(slack_id)
+    if operator is None:
+        raise Problem(403, f"Slack user {slack_id} is not an approver here")
+    if operator not in approver_names(svc.settings.refund_agent_operators):
+        raise Problem(403, f"Slack user {slack_id} maps to {operator}, who may not decide refunds")
+    return Principal("operator", operator), f"slack:{slack_id}"
+
+
 @router.post("/slack/interactions")
 async def slack_interactions(request: Request, svc: ServicesDep) -> JSONResponse:
-    """Slack's Approve/Reject buttons: signature (v0, 5-minute window) checked, replays refused."""
+    """Slack's Approve/Reject buttons: signature (v0, 5-minute window) checked, replays refused, and the clicking
+    user must be on ``SLACK_APPROVERS``; the decision is recorded as their operator, by Slack id."""
     secret = svc.settings.slack_signing_secret
     if secret is None:
         raise Problem(404, "Slack is not configured on this service")
@@ -150,22 +229,24 @@ async def slack_interactions(request: Request, svc: ServicesDep) -> JSONResponse
     try:
         payload = json.loads(parse_qs(body.decode())["payload"][0])
         action = payload["actions"][0]
-        user = payload["user"]
         decision = action["action_id"]
         token = str(action["value"])
     except (KeyError, IndexError, ValueError, TypeError) as error:
         raise Problem(400, "not a Slack block_actions payload") from error
     if decision not in ("approve", "reject"):
         raise Problem(400, f"unknown action {decision!r}")
-    approver = f"slack:{user.get('username') or user.get('name') or user.get('id')}"
     try:
+        approver, via = slack_approver(svc, payload)
         claims = tokens.verify(token, svc.signing_secret)
-        record = await asyncio.to_thread(decide, svc, claims.refund_id, decision, approver, token)
-        text = f"{record['decision']} by {record['approver']}: refund {claims.refund_id}"
+        if claims.approver != approvals.SLACK_APPROVER:
+            raise Problem(403, "this token is not one of Slack's buttons")
+        args = (svc, claims.refund_id, decision, approver, via, claims.amount, claims.currency)
+        record = await asyncio.to_thread(decide, *args)
+        text = f"{record['decision']} by {record['approver']} ({via}): refund {claims.refund_id}"
     except tokens.TokenError as error:
         text = f"Not recorded: {error}"
     except Problem as error:
         text = f"Not recorded: {error.detail}"
     if url := payload.get("response_url"):
-        await asyncio.to_thread(WebhookClient(url).send, text=text, replace_original=True)
+        await asyncio.to_thread(WebhookClient(url).send, text=mrkdwn_escape(text), replace_original=True)
     return JSONResponse({"text": text})

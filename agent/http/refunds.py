@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import hmac
 import json
 import re
 from datetime import UTC, datetime
@@ -16,12 +15,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from agent import policy, tokens
 from agent.domain import RefundRequest
+from agent.http.clients import current_client, principal_of, requiring, sees_every_refund
 from agent.http.problems import Problem
 from agent.services import Services, ServicesDep
 from agent.status import refund_status
 from agent.submit import KEY_PATTERN, SubmissionError, submit_refund
 from steps.orders import list_orders
-from steps.records import from_minor, quantize
+from steps.records import ApiClient, from_minor, quantize
+from steps.refunds import Requester
 from steps.store import app_db, refunds
 
 _AMOUNT = re.compile(r"^[0-9]{1,12}(\.[0-9]{1,2})?$")  # ASCII digits: \d would also match "٤٢"
@@ -30,15 +31,11 @@ Status = Literal[
 ]
 
 
-def require_token(svc: ServicesDep, authorization: Annotated[str | None, Header()] = None) -> None:
-    """Bearer token on every route that reads or changes refunds; compared in constant time."""
-    scheme, _, presented = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(presented.strip().encode(), svc.api_token.encode()):
-        raise Problem(401, "a valid API token is required (Authorization: Bearer <token>)")
-
-
-Authorized = Depends(require_token)
-router = APIRouter(dependencies=[Authorized])
+# Every route here needs an API client's key (agent/http/clients.py); each route names the scopes it needs.
+router = APIRouter(dependencies=[Depends(current_client)])
+Creator = Annotated[ApiClient, Depends(requiring("refunds:create"))]
+Reader = Annotated[ApiClient, Depends(requiring("refunds:read", "approvals:decide"))]
+OrderReader = Annotated[ApiClient, Depends(requiring("refunds:create", "refunds:read"))]
 
 
 class RefundIn(BaseModel):
@@ -81,6 +78,7 @@ class Accepted(BaseModel):
 def create_refund(
     body: RefundIn,
     svc: ServicesDep,
+    client: Creator,
     response: Response,
     idempotency_key: Annotated[
         str | None,
@@ -110,6 +108,7 @@ def create_refund(
             svc.client,
             idempotency_key=idempotency_key,
             request=request,
+            requester=Requester(principal=str(principal_of(client)), operator=client.operator),
         )
     except SubmissionError as error:
         raise Problem(error.status, str(error)) from error
@@ -123,15 +122,26 @@ def create_refund(
     )
 
 
-def _with_links(svc: Services, status: dict[str, Any]) -> dict[str, Any]:
+def _visible(client: ApiClient, status: dict[str, Any]) -> bool:
+    return sees_every_refund(client) or status.get("requested_by") == str(principal_of(client))
+
+
+def _with_links(svc: Services, client: ApiClient, status: dict[str, Any]) -> dict[str, Any]:
+    """A client that may decide, and did not request the refund, gets an approval link bound to itself.
+
+    Nobody else sees a link: not the requester (who could otherwise approve its own refund), not a client
+    that may only read."""
     approval: dict[str, Any] = status.get("approval") or {}
     request = approval.get("requested")
-    if request and status["status"] == "awaiting_approval":
+    me = str(principal_of(client))
+    may_decide = client.allows("approvals:decide") and me != status.get("requested_by")
+    if request and status["status"] == "awaiting_approval" and may_decide:
         claims = tokens.ApprovalClaims(
             refund_id=status["refund_id"],
             amount=Decimal(request["amount"]),
             currency=request["currency"],
             expires_at=datetime.fromisoformat(request["expires_at"]),
+            approver=me,
         )
         token = tokens.sign(claims, svc.signing_secret)
         base = svc.settings.public_url.rstrip("/")
@@ -142,12 +152,14 @@ def _with_links(svc: Services, status: dict[str, Any]) -> dict[str, Any]:
 
 
 @router.get("/refunds/{refund_id}", tags=["refunds"])
-def get_refund(refund_id: str, svc: ServicesDep) -> dict[str, Any]:
-    """Status, amounts, approval, payment and the DBOS step timeline of one refund."""
+def get_refund(refund_id: str, svc: ServicesDep, client: Reader) -> dict[str, Any]:
+    """Status, amounts, approval, payment and the DBOS step timeline of one refund.
+
+    A client with ``refunds:read`` only reads the refunds it requested (any other is 404)."""
     status = refund_status(svc.client, refund_id, prices=svc.settings.refund_agent_model_prices)
-    if status is None:
+    if status is None or not _visible(client, status):
         raise Problem(404, f"no refund {refund_id}")
-    return _with_links(svc, status)
+    return _with_links(svc, client, status)
 
 
 def _cursor(created: datetime, refund_id: str) -> str:
@@ -167,6 +179,7 @@ def _uncursor(cursor: str) -> tuple[datetime, str]:
 @router.get("/refunds", tags=["refunds"])
 def list_refunds(
     svc: ServicesDep,
+    client: Reader,
     status: Status | None = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     cursor: str | None = None,
@@ -175,6 +188,8 @@ def list_refunds(
     query = sa.select(refunds).order_by(refunds.c.created_at.desc(), refunds.c.refund_id.desc()).limit(limit + 1)
     if status is not None:
         query = query.where(refunds.c.status == status)
+    if not sees_every_refund(client):
+        query = query.where(refunds.c.requested_by == str(principal_of(client)))
     if cursor:
         created, refund_id = _uncursor(cursor)
         query = query.where(
@@ -205,7 +220,10 @@ def list_refunds(
 
 @router.get("/orders", tags=["orders"])
 def get_orders(
-    svc: ServicesDep, limit: Annotated[int, Query(ge=1, le=100)] = 20, cursor: str | None = None
+    svc: ServicesDep,
+    client: OrderReader,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    cursor: str | None = None,
 ) -> dict[str, Any]:
     """Orders with what policy would allow refunding now."""
     now = datetime.now(UTC)

@@ -25,6 +25,7 @@ from agent.ops.processes import child_env, http_ok, spawn, stop, wait_for
 from agent.services import Services
 from agent.settings import Settings, get_settings
 from sandbox.webhooks import WEBHOOK_SECRET_ENV
+from steps import clients
 from steps.seed import seed
 from steps.store import app_db, orders
 
@@ -79,13 +80,17 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Fast
                 empty = conn.execute(sa.select(sa.func.count()).select_from(orders)).scalar_one() == 0
             if empty:
                 seed(app_db().engine)
-        token = settings.api_token()
-        if settings.refund_agent_api_token is None:
-            log.warning("API token generated: read it from %s", settings.api_token_file())
+        default_client = clients.ensure_default_client(app_db().engine, settings.api_token())
+        if default_client is None:
+            log.warning("the API token is not a live client's key (the client %r was revoked)", clients.DEFAULT_CLIENT)
+        elif settings.refund_agent_api_token is None:
+            log.warning(
+                "API token (client %r) generated: read it from %s", default_client.name, settings.api_token_file()
+            )
         client = runtime.client(settings)
         from agent.approval_workflows import decide_here
 
-        app.state.services = Services(settings, client, rt.limits, token, settings.signing_secret(), decide_here)
+        app.state.services = Services(settings, client, rt.limits, settings.signing_secret(), decide_here)
         prices = settings.refund_agent_model_prices
         app.state.metrics = metrics.api_registry(app_db().engine, client, runtime.QUEUES, prices)
         console.setup(app, settings)
