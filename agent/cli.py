@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
 from agent.settings import get_settings
@@ -132,18 +133,22 @@ def os_principal() -> Any:
 def cmd_submit(args: argparse.Namespace) -> int:
     from agent.domain import RefundRequest
     from agent.submit import SubmissionError, submit_refund
+    from steps import clients
     from steps.refunds import Requester
+    from steps.store import app_db
 
     client = _open()
     try:
+        requester = Requester(principal=str(os_principal()))
+        if args.api_key_file:  # as the API client whose key this is (the key is the proof, not a typed name)
+            found = clients.authenticate(app_db().engine, args.api_key_file.read_text().strip())
+            if found is None or not found.allows("refunds:create"):
+                print("refused: that key is not a live client's with refunds:create", file=sys.stderr)
+                return 2
+            requester = Requester(principal=f"client:{found.name}", operator=found.operator)
         amount = Decimal(args.amount) if args.amount else None
         request = RefundRequest(order_id=args.order_id, message=args.message, amount=amount, currency=args.currency)
-        sub = submit_refund(
-            client,
-            idempotency_key=args.key,
-            request=request,
-            requester=Requester(principal=str(os_principal())),
-        )
+        sub = submit_refund(client, idempotency_key=args.key, request=request, requester=requester)
     except (SubmissionError, ValueError, InvalidOperation) as error:
         print(f"refused: {error}", file=sys.stderr)
         return 2
@@ -218,7 +223,8 @@ def cmd_clients(args: argparse.Namespace) -> int:
             made, key = clients.add_client(
                 engine, name=args.name, scopes=args.scopes, operator=args.operator, actor=actor
             )
-            print(f"client {made.name} ({', '.join(made.scopes)}) added; its key, shown only now:")
+            # The key alone on stdout (`> file` keeps it), the rest on stderr.
+            print(f"client {made.name} ({', '.join(made.scopes)}) added; its key, shown only now:", file=sys.stderr)
             print(key)
         elif args.clients_command == "revoke":
             revoked = clients.revoke_client(engine, args.name, actor=actor)
@@ -293,6 +299,12 @@ def parser() -> argparse.ArgumentParser:
     submit.add_argument("--amount")
     submit.add_argument("--currency")
     submit.add_argument("--key", required=True, help="idempotency key (becomes the refund id)")
+    submit.add_argument(
+        "--api-key-file",
+        type=Path,
+        default=None,
+        help="submit as the API client whose key is in this file (default: as the OS user, cli:<user>)",
+    )
     submit.set_defaults(func=cmd_submit)
     status = sub.add_parser("status", help="show a refund's phase, outcome and step timeline")
     status.add_argument("refund_id")

@@ -71,7 +71,7 @@ def add_client(
         raise ClientError(f"client name {name!r}: 1-100 letters, digits or ._@- (no ':' or spaces)")
     if operator is not None and not _NAME.match(operator):
         raise ClientError(f"operator name {operator!r}: 1-100 letters, digits or ._@-")
-    granted = parse_scopes(list(scopes))
+    granted = parse_scopes(scopes if isinstance(scopes, str) else list(scopes))
     if key is not None and len(key.encode()) < 32:
         raise ClientError("a client key must be at least 32 bytes")
     key = key or KEY_PREFIX + secrets.token_urlsafe(32)

@@ -116,7 +116,7 @@ def test_form_posts_without_the_csrf_token_or_the_session_are_refused(
     assert wait_for_outcome(client, refund_id)["status"] == "completed"
     with app_db().engine.connect() as conn:
         approver = conn.execute(sa.select(approval_decisions.c.approver)).scalar_one()
-    assert approver == "console:bob"
+    assert approver == "operator:bob"
 
 
 def test_a_decision_is_bound_to_the_amount_shown_and_the_first_one_stands(
@@ -136,7 +136,7 @@ def test_a_decision_is_bound_to_the_amount_shown_and_the_first_one_stands(
         rejected = form(bob, f"/console/refunds/{refund_id}/decision", decision="reject", **fields)
         assert rejected.status_code == 303
         late = form(bob, f"/console/refunds/{refund_id}/decision", decision="approve", **fields)
-        assert late.status_code == 409 and "already decided: reject by console:bob" in late.text
+        assert late.status_code == 409 and "already decided: reject by operator:bob" in late.text
     assert wait_for_outcome(client, refund_id)["status"] == "rejected"
     assert decisions() == 1 and env.sandbox.refunds() == []
 
@@ -203,7 +203,7 @@ def test_admin_cancels_and_resumes_a_running_refund_and_a_parked_one_is_not_canc
         events = [e.event for e in audit.entries(conn, refund_id)]
         assert audit.verify(conn).ok
         payloads = conn.execute(sa.select(audit_log.c.payload).where(audit_log.c.event.like("operator_%"))).scalars()
-        assert all('"operator": "console:ada"' in p for p in payloads)
+        assert all('"operator": "operator:ada"' in p for p in payloads)
     assert events.count("operator_cancelled") == 1 and events.count("operator_resumed") == 1
 
 

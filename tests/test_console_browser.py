@@ -90,7 +90,7 @@ def test_operator_signs_in_approves_a_pending_refund_and_watches_it_complete(
     expect(page).to_have_url(f"{server.base_url}/console/refunds/{refund_id}?done=approve")
     expect(page.locator("#notice")).to_contain_text("Approved")
     expect(page.locator("#status")).to_have_text("completed", timeout=60_000)  # the page refreshes until done
-    expect(page.locator("#decision")).to_contain_text("approve by console:ada")
+    expect(page.locator("#decision")).to_contain_text("approve by operator:ada")
     expect(page.locator("#idempotency-key")).to_have_text(f"refund:{refund_id}:ord_1002")
     provider_refund = env.sandbox.refunds("ch_ord_1002")
     assert len(provider_refund) == 1
@@ -134,7 +134,7 @@ def test_operator_signs_in_approves_a_pending_refund_and_watches_it_complete(
     small.screenshot(path=ARTIFACTS / f"phone-{env.backend}.png", full_page=True)
     phone.close()
     with app_db().engine.connect() as conn:
-        assert conn.execute(sa.select(approval_decisions.c.approver)).scalar_one() == "console:ada"
+        assert conn.execute(sa.select(approval_decisions.c.approver)).scalar_one() == "operator:ada"
 
 
 def test_hostile_customer_messages_render_as_text(

@@ -30,6 +30,7 @@ The convention README.md and docs/**/*.md follow, and this file parses:
 
 from __future__ import annotations
 
+import getpass
 import itertools
 import json
 import os
@@ -570,9 +571,11 @@ def test_the_readme_api_walk_through_runs_against_a_real_server(tmp_path: Path) 
                 wait_for(ready, timeout=120, what="refund-agent serve to be ready")
                 continue
             text = command.text.replace("localhost:8000", f"localhost:{port}")
-            if "<approval.token>" in text:
-                waiting = wait_for(lambda: refund("awaiting_approval"), timeout=60, what="the refund to park")
-                text = text.replace("<approval.token>", waiting["approval"]["token"])
+            if text.startswith("refund-agent approve") or text.endswith(
+                f'/refunds/{KEY} -H "Authorization: Bearer $TOKEN"'
+            ):
+                # as a person waits for the refund to park ("a moment later")
+                wait_for(lambda: refund("awaiting_approval"), timeout=60, what="the refund to park")
             if "status=completed" in text:
                 wait_for(lambda: refund("completed"), timeout=60, what="the refund to complete")
             outputs.append((text, world.run(command, text)))
@@ -584,8 +587,10 @@ def test_the_readme_api_walk_through_runs_against_a_real_server(tmp_path: Path) 
     submitted = json.loads(by_path["/refunds"])
     assert submitted["refund_id"] == KEY and submitted["status_url"] == f"/refunds/{KEY}", submitted
     assert submitted["status"] in ("received", "deciding", "awaiting_approval"), submitted
-    decided = json.loads(by_path[f"/refunds/{KEY}/approval"])
-    assert [decided[k] for k in ("decision", "approver", "amount", "first")] == ["approve", "dana", "4200.00", True]
+    waiting = json.loads(by_path[f"/refunds/{KEY}"])
+    assert waiting["requested_by"] == "client:default" and "token" not in waiting["approval"], waiting
+    decided = by_path[f"refund-agent approve {KEY}"]
+    assert decided.startswith(f"approve by cli:{getpass.getuser()} at ") and "for 4200.00 USD" in decided, decided
     listed = json.loads(by_path["/refunds?status=completed&limit=20"])["items"]
     assert [(r["refund_id"], r["status"], r["amount"]) for r in listed] == [(KEY, "completed", "4200.00")]
     password = next(out for text, out in outputs if "console_admin_password" in text).strip()

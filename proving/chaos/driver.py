@@ -1,7 +1,8 @@
 """The load and the faults of a chaos run: a submitter, an approver and a killer, each on its own thread.
 
-Everything goes through the service's public HTTP API, as clients would. Calls are retried with the
-same Idempotency-Key / the same signed token while the server is down, which is the documented contract.
+Everything goes through the service's public HTTP API, as clients would: the help desk's client submits,
+another client (scope approvals:decide) decides. Calls are retried with the same Idempotency-Key / the same
+decision while the server is down, which is the documented contract.
 """
 
 from __future__ import annotations
@@ -31,12 +32,14 @@ class Driver:
         cluster: Cluster,
         *,
         api_token: str,
+        approver_key: str,
         deadline: float,
         restart_db: Callable[[], None] | None,
         say: Callable[[str], None],
     ) -> None:
         self.plan, self.cluster, self.deadline, self.restart_db, self.say = plan, cluster, deadline, restart_db, say
         self.auth = {"Authorization": f"Bearer {api_token}"}
+        self.approver = {"Authorization": f"Bearer {approver_key}"}
         self.accepted: set[str] = set()
         self.submitted = 0
         self.counts: Counter[str] = Counter()
@@ -104,11 +107,11 @@ class Driver:
         self._submitting_done.set()
 
     # -- approver --------------------------------------------------------------------------------
-    def _decide(self, refund_id: str, decision: str, approver: str, token: str) -> httpx.Response | None:
-        body = {"decision": decision, "approver": approver, "token": token}
-        return self._call("POST", f"/refunds/{refund_id}/approval", json=body)
+    def _decide(self, refund_id: str, decision: str, asked: dict[str, str]) -> httpx.Response | None:
+        body = {"decision": decision, "amount": asked["amount"], "currency": asked["currency"]}
+        return self._call("POST", f"/refunds/{refund_id}/approval", json=body, headers=self.approver)
 
-    def _answer(self, p: PlannedRefund, token: str) -> None:
+    def _answer(self, p: PlannedRefund, asked: dict[str, str]) -> None:
         assert p.decision is not None
         if p.second_decision == "same":  # two approvers click at once: one decision, never two resumes
             answers: list[httpx.Response | None] = [None, None]
@@ -116,7 +119,7 @@ class Driver:
 
             def click(i: int) -> None:
                 barrier.wait()
-                answers[i] = self._decide(p.refund_id, p.decision or "", f"approver-{i}", token)
+                answers[i] = self._decide(p.refund_id, p.decision or "", asked)
 
             threads = [threading.Thread(target=click, args=(i,)) for i in range(2)]
             for t in threads:
@@ -128,7 +131,7 @@ class Driver:
             if firsts.count(True) > 1:
                 self._violation(f"{p.refund_id}: two concurrent decisions were both recorded as first")
             return
-        first = self._decide(p.refund_id, p.decision, "approver-0", token)
+        first = self._decide(p.refund_id, p.decision, asked)
         if first is None or first.status_code != 200:
             self._violation(
                 f"{p.refund_id}: decision {p.decision} answered {first.status_code if first else 'nothing'}"
@@ -136,7 +139,7 @@ class Driver:
             return
         if p.second_decision == "opposite":  # a late, contrary click gets the recorded decision back
             other = "reject" if p.decision == "approve" else "approve"
-            late = self._decide(p.refund_id, other, "approver-late", token)
+            late = self._decide(p.refund_id, other, asked)
             self.counts["late_contrary_decisions"] += 1
             recorded = late.json().get("recorded", {}) if late is not None else {}
             if late is None or late.status_code != 409 or recorded.get("decision") != p.decision:
@@ -171,11 +174,11 @@ class Driver:
             if not parked and self._submitting_done.is_set():
                 self._drop_settled(waiting)
             for refund_id in sorted(parked):
-                response = self._call("GET", f"/refunds/{refund_id}", headers=self.auth)
+                response = self._call("GET", f"/refunds/{refund_id}", headers=self.approver)
                 status = response.json() if response is not None and response.status_code == 200 else {}
-                token = (status.get("approval") or {}).get("token")
-                if status.get("status") == "awaiting_approval" and token:
-                    self._answer(waiting.pop(refund_id), token)
+                asked = (status.get("approval") or {}).get("requested")
+                if status.get("status") == "awaiting_approval" and asked:
+                    self._answer(waiting.pop(refund_id), asked)
             if self._submitting_done.is_set() and not any(r in self.accepted for r in waiting):
                 break
             self._stop.wait(0.5)

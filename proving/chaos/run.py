@@ -25,7 +25,7 @@ from proving.chaos.cluster import Cluster
 from proving.chaos.driver import Driver
 from proving.chaos.plan import Plan, insert_orders, make_plan, provider_charges
 from proving.chaos.verdict import TERMINAL, Observed, judge, render
-from steps import audit
+from steps import audit, clients
 from steps.store import create_engine, orders, refunds
 
 log = logging.getLogger(__name__)
@@ -199,6 +199,7 @@ def run_chaos(config: ChaosConfig, *, say: Any = print) -> dict[str, Any]:
     runtime.migrate_databases(settings)
     engine = create_engine(app_url)
     insert_orders(engine, plan)
+    _, approver_key = clients.add_client(engine, name="chaos-approver", scopes=["approvals:decide"], actor="chaos")
     engine.dispose()
     cluster = Cluster(
         env=env,
@@ -224,7 +225,13 @@ def run_chaos(config: ChaosConfig, *, say: Any = print) -> dict[str, Any]:
         faults_until = t0 + config.max_seconds - config.settle_seconds
         restart = (lambda: restart_postgres(config.pg_restart, system_url)) if config.pg_restart else None  # type: ignore[arg-type]
         driver = Driver(
-            plan, cluster, api_token=env["REFUND_AGENT_API_TOKEN"], deadline=faults_until, restart_db=restart, say=say
+            plan,
+            cluster,
+            api_token=env["REFUND_AGENT_API_TOKEN"],
+            approver_key=approver_key,
+            deadline=faults_until,
+            restart_db=restart,
+            say=say,
         )
         driver.run()
         cluster.set_payment_faults()  # faults stop here; every refund now has settle_seconds to finish
