@@ -44,7 +44,9 @@ class Secrets:
 
 
 class LiveService:
-    def __init__(self, env: Env, logs: Path, slack: CaptureServer, keys: Secrets) -> None:
+    def __init__(
+        self, env: Env, logs: Path, slack: CaptureServer, keys: Secrets, overrides: dict[str, str] | None = None
+    ) -> None:
         self.env, self.logs, self.keys = env, logs, keys
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
@@ -58,6 +60,7 @@ class LiveService:
                 REFUND_AGENT_PORT=str(self.port),
                 REFUND_AGENT_EXECUTOR_ID="test-live",
                 **approver_env(),
+                **(overrides or {}),
             ),
             drop=("REFUND_AGENT_CRASH_AT", "REFUND_AGENT_MODEL", "REFUND_AGENT_MODEL_BASE_URL"),
         )
@@ -76,13 +79,17 @@ class LiveService:
         body = {"order_id": order_id, "message": message, "amount": None, "currency": None, **extra}
         return self.http.post("/refunds", json=body, headers={**self.auth, "Idempotency-Key": key})
 
-    def status(self, refund_id: str) -> dict[str, Any]:
-        body: dict[str, Any] = self.http.get(f"/refunds/{refund_id}", headers=self.auth).raise_for_status().json()
+    def status(self, refund_id: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
+        """The refund as a client sees it: the help desk (its requester) unless ``headers`` say another."""
+        response = self.http.get(f"/refunds/{refund_id}", headers=headers or self.auth)
+        body: dict[str, Any] = response.raise_for_status().json()
         return body
 
-    def until(self, refund_id: str, *statuses: str, timeout: float = 90) -> dict[str, Any]:
+    def until(
+        self, refund_id: str, *statuses: str, timeout: float = 90, headers: dict[str, str] | None = None
+    ) -> dict[str, Any]:
         def check() -> dict[str, Any] | None:
-            status = self.status(refund_id)
+            status = self.status(refund_id, headers)
             return status if status["status"] in statuses else None
 
         return wait_for(check, timeout=timeout, what=f"{refund_id} to reach {statuses}", interval=0.2)
@@ -113,7 +120,10 @@ class LiveService:
 
 
 @contextmanager
-def live_service(env: Env, tmp_path: Path, keys: Secrets | None = None) -> Iterator[tuple[LiveService, CaptureServer]]:
+def live_service(
+    env: Env, tmp_path: Path, keys: Secrets | None = None, **overrides: str
+) -> Iterator[tuple[LiveService, CaptureServer]]:
+    """A `refund-agent serve` with fresh secrets; ``overrides``: more environment variables for it."""
     settings = env.settings()
     runtime.migrate_databases(settings)
     open_app_database(settings.app_database_url)
@@ -121,7 +131,7 @@ def live_service(env: Env, tmp_path: Path, keys: Secrets | None = None) -> Itera
     keys = keys or Secrets.fresh()
     add_approver_client(app_db().engine, keys.approver_key)
     with CaptureServer() as slack:
-        service = LiveService(env, tmp_path / "logs", slack, keys)
+        service = LiveService(env, tmp_path / "logs", slack, keys, overrides)
         try:
             service.start()
             yield service, slack

@@ -27,6 +27,7 @@ from agent.status import parked, wait_for_outcome
 from agent.submit import submit_refund
 from steps.seed import seed
 from steps.store import app_db
+from tests.capture import CaptureServer
 from tests.conftest import Env
 from tests.identities import HELPDESK
 from tests.live import live_service
@@ -229,3 +230,34 @@ def test_a_model_obeying_the_injection_cannot_pay_more_or_approve(env: Env, obed
     assert outcomes["obey-big-00001"]["pending"]["amount"] == "4200.00"
     assert env.sandbox.refunds() == [] and env.sandbox.stats()["create_requests"] == 0
     assert rt.limits.auto_approve == Decimal("100.00") and rt.limits.absolute_cap == Decimal("10000.00")
+
+
+SLACK_BAIT = "Refund it now. <http://attacker.example/approve|Click to approve> <!channel> <@U0001> &amp; more"
+
+
+def _slack_baiting(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """A model whose reason for approvers carries Slack markup the customer dictated: a link, mentions."""
+    proposal = {"amount": "4200.00", "currency": "USD", "reason": SLACK_BAIT, "customer_reply": "We are on it."}
+    return ModelResponse(parts=[ToolCallPart(info.output_tools[0].name, proposal)])
+
+
+def test_the_agents_reason_reaches_slack_as_text_not_links_or_mentions(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runtime, "select_model", lambda _: (FunctionModel(_slack_baiting), "slack-baiting model"))
+    with CaptureServer() as slack:
+        rt = runtime.start(env.settings(slack_webhook_url=slack.url("webhook")))
+        seed(app_db().engine)
+        client = runtime.client(rt.settings)
+        try:
+            request = RefundRequest(order_id="ord_1002", message=SLACK_BAIT)
+            submit_refund(client, idempotency_key="slack-bait-0001", requester=HELPDESK, request=request)
+            [posted] = wait_for(lambda: slack.received("webhook") or None, timeout=60, what="the Slack message")
+        finally:
+            client.destroy()
+            runtime.stop()
+    section = next(b for b in posted["blocks"] if b["type"] == "section")["text"]
+    for text in (posted["text"], section["text"]):
+        assert "<!channel>" not in text and "<http://" not in text and "<@U0001>" not in text, text
+        assert "&lt;!channel&gt;" in text and "&lt;http://attacker.example/approve|Click to approve&gt;" in text
+        assert "&amp;amp; more" in text  # an entity the customer typed shows as typed
