@@ -358,3 +358,41 @@ def test_a_refund_decided_before_its_reminder_gets_no_reminder_and_its_deadline_
         assert f"{refund_id}:approvers:escalation" not in keys
         assert refund_status(client, refund_id)["status"] == "completed"  # type: ignore[index]
         assert len(env.sandbox.refunds("ch_ord_1002")) == 1
+
+
+def test_an_expiry_recorded_between_the_check_and_the_decision_stands_and_nothing_is_paid(
+    env: Env, client: DBOSClient
+) -> None:
+    """``approvals.decide`` reads that nothing was decided, then runs the decision workflow. If the deadline
+    records the expiry in between, the decision workflow must find it and keep it (first writer wins):
+    the refund stays rejected as expired and nothing is paid."""
+    from agent.approval_workflows import EXPIRED_DETAIL
+    from agent.domain import ApprovalRecord
+    from steps.refunds import expire_approval_step
+
+    refund_id = submit(client, "key-expiry-race", "ord_1002")
+    parked(client, refund_id)
+
+    def expiry_wins_the_race(record: ApprovalRecord) -> ApprovalRecord:
+        expire_approval_step(refund_id, amount=Decimal("4200.00"), currency="USD", detail=EXPIRED_DETAIL, reply=None)
+        return decide_here(record)
+
+    with pytest.raises(approvals.ApprovalError) as error:
+        approvals.decide(
+            expiry_wins_the_race,
+            refund_id=refund_id,
+            decision="approve",
+            approver=DANA,
+            via="console",
+            amount=Decimal("4200.00"),
+            currency="USD",
+        )
+    assert error.value.code == "expired"
+    with app_db().engine.connect() as conn:
+        from steps.refunds import recorded_decision
+
+        standing = recorded_decision(conn, refund_id)
+    assert standing is not None and standing.decision == "expired"
+    assert client.list_workflows(workflow_ids=[f"{refund_id}/settle"]) == []  # no continuation was started
+    assert refund_status(client, refund_id)["status"] == "rejected"  # type: ignore[index]
+    assert env.sandbox.refunds("ch_ord_1002") == [] and env.sandbox.stats()["create_requests"] == 0
