@@ -101,6 +101,20 @@ RUN_ELSEWHERE: dict[str, Elsewhere] = {
     "pytest": Elsewhere(".ci/run"),
     "apt-get install -y chromium": Elsewhere(".ci/run"),
     "refund-agent serve --no-worker": Elsewhere("tests/scale_cluster.py"),
+    "refund-agent clients add helpdesk --scopes refunds:create,refunds:read": Elsewhere(
+        "docs/getting-started.md",
+        ("refund-agent clients add helpdesk --scopes refunds:create,refunds:read",),
+        "the local session (docs-test: session) runs this very line",
+    ),
+    "refund-agent clients add approvals-bot --scopes approvals:decide --operator dana": Elsewhere(
+        "tests/test_identities.py",
+        ('"clients", "add"', '"--scopes"', '"--operator", "dana"'),
+        "through Python, with another client's name",
+    ),
+    "refund-agent clients list": Elsewhere("tests/test_identities.py", ('"clients", "list"',), "through Python"),
+    "refund-agent clients revoke approvals-bot": Elsewhere(
+        "tests/test_identities.py", ('"clients", "revoke"',), "through Python, with another client's name"
+    ),
     "dbos workflow list --status DELAYED --name approval_deadline_workflow": _DBOS_CLI,
     "dbos workflow get req-2026-0001/settle": _DBOS_CLI,
     "dbos workflow steps req-2026-0001/settle": _DBOS_CLI,

@@ -108,7 +108,11 @@ def test_the_requester_cannot_decide_its_own_refund_through_any_channel(env: Env
     """A client that may submit AND decide, acting for the operator dana (who approves in the console, by link
     and from Slack), asks for a refund; neither it nor dana can decide it, whatever the channel."""
     with live_service(env, tmp_path) as (svc, _):
-        bot = _key("dana-bot", "refunds:create,refunds:read,approvals:decide", operator="dana")
+        made = _cli(
+            svc, "clients", "add", "dana-bot", "--scopes", "refunds:create,approvals:decide", "--operator", "dana"
+        )
+        assert made.returncode == 0 and "dana-bot" in made.stderr, made.stderr
+        bot = made.stdout.strip()  # the key, alone on stdout
         assert _submit(svc, bot, "self-serve-0001").status_code == 202
         waiting = svc.until("self-serve-0001", "awaiting_approval", headers=svc.approver)
         assert waiting["requested_by"] == "client:dana-bot" and waiting["requester_operator"] == "dana"
