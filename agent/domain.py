@@ -123,6 +123,8 @@ VerdictKind = Literal["auto_approve", "needs_approval", "refuse"]
 
 
 class Verdict(BaseModel):
+    """Policy's judgement: ``amount`` is what may be paid (at once, once a person approves, or nothing)."""
+
     model_config = ConfigDict(frozen=True)
 
     kind: VerdictKind
@@ -130,6 +132,8 @@ class Verdict(BaseModel):
     currency: str
     reasons: tuple[str, ...] = ()
     refundable: Decimal = Decimal(0)
+    requested: Decimal | None = None
+    """What the customer asked for, which bounds ``amount``; None: no amount named (the bound is ``refundable``)."""
 
     @property
     def summary(self) -> str:

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 
-from agent.domain import Verdict
-from steps.records import Order, quantize
+from agent.domain import Verdict, VerdictKind
+from steps.records import CURRENCY_EXPONENTS, Order, format_money, quantize
 
 ZERO = Decimal(0)
 
@@ -61,8 +61,56 @@ def blockers(order: Order, as_of: datetime, window_days: int) -> list[str]:
     return []
 
 
-def decide(*, amount: Decimal, currency: str, order: Order, as_of: datetime, limits: Limits) -> Verdict:
-    """Pay now, ask a person, or refuse. The same rules run again right before paying."""
+def decide(
+    *,
+    amount: Decimal,
+    currency: str,
+    order: Order,
+    as_of: datetime,
+    limits: Limits,
+    requested: Decimal | None = None,
+) -> Verdict:
+    """Pay now, ask a person, or refuse the model's ``amount``, bounded by what the customer asked for.
+
+    ``requested`` is the customer's amount (None: they named none, and the bound is what is refundable).
+    The model's amount is advice: above ``requested`` nothing more is ever paid. The refund goes to a person
+    for the requested amount (never paid at once), with both amounts in the reasons, and the usual rules
+    judge the requested amount (more than is refundable or above the cap: refused)."""
+    if requested is not None and amount > requested:
+        bounded = _judge(requested, currency, order, as_of, limits)
+        asked = _money(requested, order.currency)  # the request is in the order's currency (agent.submit)
+        over = f"the agent proposed {_money(amount, currency)}, more than the {asked} the customer asked for"
+        kind: VerdictKind = "refuse" if bounded.kind == "refuse" else "needs_approval"
+        return bounded.model_copy(update={"kind": kind, "reasons": (over, *bounded.reasons), "requested": requested})
+    return _judge(amount, currency, order, as_of, limits).model_copy(update={"requested": requested})
+
+
+def recheck(
+    *,
+    amount: Decimal,
+    currency: str,
+    order: Order,
+    as_of: datetime,
+    limits: Limits,
+    requested: Decimal | None = None,
+) -> Verdict:
+    """Right before paying, on the order as reserved: the same rules, and never more than the customer asked for."""
+    if requested is not None and amount > requested:
+        asked = _money(requested, order.currency)
+        reason = f"amount {_money(amount, currency)} is more than the {asked} the customer asked for"
+        return Verdict(kind="refuse", amount=amount, currency=currency, reasons=(reason,), requested=requested)
+    return decide(amount=amount, currency=currency, order=order, as_of=as_of, limits=limits, requested=requested)
+
+
+def _money(amount: Decimal, currency: str) -> str:
+    """An amount as approvers read it (4,200.00 USD); as given when it is not a whole number of minor units."""
+    if currency in CURRENCY_EXPONENTS and quantize(amount, currency) == amount:
+        return format_money(amount, currency)
+    return f"{amount} {currency}"
+
+
+def _judge(amount: Decimal, currency: str, order: Order, as_of: datetime, limits: Limits) -> Verdict:
+    """The rules on one amount: the order's state, its currency, what is refundable, the cap and the limit."""
     room = refundable(order, as_of, limits.window_days)
     reasons = blockers(order, as_of, limits.window_days)
     if currency != order.currency:

@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 # run as ``refund_workflow``, agent/legacy.py.)
 REFUND_WORKFLOW = "refund"
 REFUND_QUEUE = "refunds"  # durable: enqueued refunds name it
+#: Durable: the patch recorded by refunds whose verdict the customer's requested amount bounded.
+REQUEST_BOUND_PATCH = "request-bound"
 #: How long a continuation waits for the decision its decision workflow sends right after starting it.
 HANDOVER_TIMEOUT_SECONDS = 30.0
 
@@ -83,13 +85,20 @@ async def act_on(
 ) -> dict[str, Any]:
     """Policy judges the proposal against the order as the case file's step read it; then pay, refuse or park."""
     crash_point("after_model_response")
-    verdict = policy_verdict(proposal, snapshot, rt.limits)
+    verdict = policy_verdict(proposal, snapshot, rt.limits, requested=req.amount)
+    # The request's bound changed the amount. A refund that a release without the bound decided and recorded
+    # past this point replays as it was recorded; the patch marks the refunds decided with the bound.
+    bounded = verdict.amount != proposal.amount and await DBOS.patch_async(REQUEST_BOUND_PATCH)
+    if verdict.amount != proposal.amount and not bounded:
+        verdict = policy_verdict(proposal, snapshot, rt.limits, requested=None)
     record: dict[str, Any] = {
         "proposal": proposal.model_dump(mode="json"),
         "verdict": verdict.model_dump(mode="json"),
         "model": rt.model_label,
         "usage": usage_record(usage, rt.model_label),
     }
+    if bounded:  # the model's words are about an amount that is never paid: approvers and the customer read policy's
+        proposal = over_the_request(proposal, verdict)
     if verdict.kind == "auto_approve":  # nothing to wait for: the verdict and the reservation commit together
         plan = await call(
             record_verdict_and_reserve_step,
@@ -107,6 +116,19 @@ async def act_on(
         await call(record_refusal_step, refund_id, **record, detail=verdict.summary, reply=proposal.customer_reply)
         return {"refund_id": refund_id, "status": Phase.REJECTED.value, "detail": verdict.summary}
     return await park(rt, refund_id, verdict, proposal, record)
+
+
+def over_the_request(proposal: RefundProposal, verdict: Verdict) -> RefundProposal:
+    """What approvers and the customer read of a proposal above the requested amount: policy's reasons first (the
+    approval is for the requested amount), the agent's account after them, marked as such; the customer's reply,
+    sent only if it is refused, is ours."""
+    said = "; ".join(verdict.reasons)
+    return proposal.model_copy(
+        update={
+            "reason": f"{said}. The agent's reason, unchecked: {proposal.reason}",
+            "customer_reply": declined_reply(verdict.amount, verdict.currency),
+        }
+    )
 
 
 def usage_record(usage: RunUsage, model: str) -> ModelUsage:
@@ -167,13 +189,16 @@ async def settle_refund_workflow(refund_id: str) -> dict[str, Any]:
 async def pay(
     rt: Runtime, refund_id: str, amount: Decimal, currency: str, plan: PaymentPlan, *, reply: str
 ) -> dict[str, Any]:
-    """Re-check against the order as reserved, pay with the request's key, book it and queue ``reply``."""
+    """Re-check against the order as reserved and the amount the customer asked for, pay with the request's key,
+    book it and queue ``reply``."""
     if plan.snapshot is None:
         phase = Phase.REJECTED if plan.refusal else Phase.FAILED
         detail = plan.refusal or "the order disappeared"
         return await finish(refund_id, phase, detail, reply=declined_reply(amount, currency))
-    order = plan.snapshot.order
-    recheck = policy.decide(amount=amount, currency=currency, order=order, as_of=plan.snapshot.as_of, limits=rt.limits)
+    order, as_of = plan.snapshot.order, plan.snapshot.as_of
+    recheck = policy.recheck(
+        amount=amount, currency=currency, order=order, as_of=as_of, limits=rt.limits, requested=plan.requested
+    )
     if recheck.kind == "refuse":
         detail = f"re-check before paying: {recheck.summary}"
         return await finish(refund_id, Phase.REJECTED, detail, reply=declined_reply(amount, currency))
@@ -229,14 +254,18 @@ async def finish(
     return {"refund_id": refund_id, "status": status, "detail": detail}
 
 
-def policy_verdict(proposal: RefundProposal, snapshot: OrderSnapshot | None, limits: policy.Limits) -> Verdict:
-    """Policy's verdict on the proposal, against the order as a step read it."""
+def policy_verdict(
+    proposal: RefundProposal, snapshot: OrderSnapshot | None, limits: policy.Limits, *, requested: Decimal | None
+) -> Verdict:
+    """Policy's verdict on the proposal, against the order as a step read it, bounded by ``requested`` (what the
+    customer asked for; None: no amount named)."""
     if snapshot is None:
         return Verdict(
             kind="refuse",
             amount=proposal.amount,
             currency=proposal.currency,
             reasons=("the order does not exist",),
+            requested=requested,
         )
     return policy.decide(
         amount=proposal.amount,
@@ -244,4 +273,5 @@ def policy_verdict(proposal: RefundProposal, snapshot: OrderSnapshot | None, lim
         order=snapshot.order,
         as_of=snapshot.as_of,
         limits=limits,
+        requested=requested,
     )

@@ -143,7 +143,7 @@ async def plain_refund(
     run = await plain_agent(model).run(prompt_for(refund_id, request, case, rt.limits), deps=deps)
     proposal = run.output
     snapshot = case.snapshot
-    verdict = policy_verdict(proposal, snapshot, rt.limits)
+    verdict = policy_verdict(proposal, snapshot, rt.limits, requested=request.amount)
     if verdict.kind != "auto_approve":
         raise RuntimeError(f"benchmark refund {refund_id} was not auto-approved: {verdict.kind}")
     plan = record_verdict_and_reserve_step(
@@ -157,8 +157,13 @@ async def plain_refund(
     )
     assert plan.snapshot is not None
     order = plan.snapshot.order
-    recheck = policy.decide(
-        amount=verdict.amount, currency=verdict.currency, order=order, as_of=plan.snapshot.as_of, limits=rt.limits
+    recheck = policy.recheck(
+        amount=verdict.amount,
+        currency=verdict.currency,
+        order=order,
+        as_of=plan.snapshot.as_of,
+        limits=rt.limits,
+        requested=plan.requested,
     )
     assert recheck.kind != "refuse"
     payment = issue_refund_step(

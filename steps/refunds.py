@@ -18,6 +18,7 @@ from steps.records import (
     ModelUsage,
     OrderSnapshot,
     ProviderRefund,
+    Record,
     from_minor,
     to_minor,
 )
@@ -44,12 +45,17 @@ class RegisteredRequest(BaseModel):
     """Who claimed the key first (None on refunds from before requesters were recorded)."""
 
 
-class PaymentPlan(BaseModel):
-    model_config = ConfigDict(frozen=True)
+class PaymentPlan(Record):
+    """What paying needs, read under the order's lock: pickled into checkpoints (a Record: fields added since
+    unpickle with their defaults)."""
+
     snapshot: OrderSnapshot | None
     first_attempt_at: datetime
     refusal: str | None = None
     """Why nothing may be paid, when the plan has no snapshot for a reason other than a missing order."""
+    requested: Decimal | None = None
+    """What the customer asked for, from the refund's row: the re-check before paying pays no more. None: no
+    amount named, or a plan recorded before this field (the bound is then what is refundable)."""
 
 
 class Requester(BaseModel):
@@ -133,7 +139,7 @@ def _record_verdict(
 ) -> None:
     now = datetime.now(UTC)
     currency = str(proposal["currency"])
-    amount = Decimal(str(proposal["amount"]))
+    amount = Decimal(str(verdict["amount"]))  # the proposal, or the requested amount that bounded it
     _touch(
         refund_id,
         now,
@@ -390,12 +396,21 @@ def _locked_order(order_id: str) -> Any:
 
 
 def _reserve(refund_id: str, order_id: str, row: Any, *, amount: Decimal, currency: str) -> PaymentPlan:
-    """Reserve ``amount`` on the refund's row against ``row``, the order as read under its lock."""
+    """Reserve ``amount`` on the refund's row against ``row``, the order as read under its lock; the plan carries
+    the amount the refund's request asked for, read in the same transaction, for the re-check before paying."""
     now = datetime.now(UTC)
-    started = (
-        session().execute(sa.select(refunds.c.payment_started_at).where(refunds.c.refund_id == refund_id)).scalar_one()
+    mine = (
+        session()
+        .execute(
+            sa.select(refunds.c.payment_started_at, refunds.c.requested_amount_minor, refunds.c.currency).where(
+                refunds.c.refund_id == refund_id
+            )
+        )
+        .one()
     )
-    first = utc(started) if started else now
+    first = utc(mine.payment_started_at) if mine.payment_started_at else now
+    asked = mine.requested_amount_minor
+    requested = None if asked is None else from_minor(asked, mine.currency)
     in_flight = (
         session()
         .execute(
@@ -415,7 +430,7 @@ def _reserve(refund_id: str, order_id: str, row: Any, *, amount: Decimal, curren
         snapshot = OrderSnapshot(
             order=order.model_copy(update={"amount_refunded": order.amount_refunded + held}), as_of=now
         )
-    return PaymentPlan(snapshot=snapshot, first_attempt_at=first)
+    return PaymentPlan(snapshot=snapshot, first_attempt_at=first, requested=requested)
 
 
 @transaction("refunds.record_payment")

@@ -148,7 +148,7 @@ def test_harness_runs_a_real_model_client_over_http_and_counts_its_requests() ->
     assert small.requests == 1
 
 
-def test_a_greedy_model_is_refused_on_every_case_and_nothing_is_paid(
+def test_a_greedy_model_is_refused_or_held_to_the_requested_amount_on_every_case(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     greedy = ScriptedModel(amount="99999.00")
@@ -159,7 +159,12 @@ def test_a_greedy_model_is_refused_on_every_case_and_nothing_is_paid(
     result = RunResult.model_validate_json(next(tmp_path.glob("greedy-at-*.json")).read_text())
     decided = [c for c in result.cases if c.requests > 0]
     assert len(decided) >= 60 and greedy.total() == result.totals.requests
-    assert all(c.got == "refuse" and c.overreach for c in decided)
+    assert all(c.overreach for c in decided)
+    # Refused, or (the customer named an amount policy allows) a person is asked for that amount, never more.
+    data, _ = load_dataset_file()
+    asked = {c.name: c.request.amount for c in data.cases}
+    bounded = [c for c in decided if c.got != "refuse"]
+    assert bounded and all(c.got.startswith(f"needs_approval {asked[c.name]} ") for c in bounded), bounded
     assert result.totals.overreaching_proposals == len(decided)
     assert result.totals.overreaching_paid == 0 and result.totals.policy_violations == 0
 

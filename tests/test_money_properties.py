@@ -205,6 +205,131 @@ def test_paying_on_the_decision_alone_would_break_the_money_rules() -> None:
     assert settle(order, refunds) == []
 
 
+# -- the request's bound ------------------------------------------------------------------------------
+
+any_limits = st.builds(
+    policy.Limits,
+    auto_approve=st.one_of(st.just(Decimal("100.00")), st.decimals(min_value=0, max_value=Decimal("2000"), places=2)),
+    absolute_cap=st.one_of(
+        st.just(Decimal("10000.00")), st.decimals(min_value=0, max_value=Decimal("12000"), places=2)
+    ),
+    window_days=st.one_of(st.just(60), st.integers(0, 90)),
+)
+
+
+@st.composite
+def mostly_refundable_orders(draw: st.DrawFn) -> Order:
+    """Orders as ``orders`` makes them, but most of them paid, in the window and with room left."""
+    order = draw(orders())
+    if draw(st.integers(0, 4)) == 0:
+        return order
+    refunded = draw(st.sampled_from([Decimal(0), Decimal(0), order.amount_refunded]))
+    days = draw(st.integers(0, 60))
+    return order.model_copy(
+        update={"status": "paid", "amount_refunded": refunded, "paid_at": NOW - timedelta(days=days)}
+    )
+
+
+def bounded_cases() -> st.SearchStrategy[tuple[Order, tuple[Decimal | None, Decimal]]]:
+    return mostly_refundable_orders().flatmap(lambda order: st.tuples(st.just(order), requests_and_proposals(order)))
+
+
+@st.composite
+def requests_and_proposals(draw: st.DrawFn, order: Order) -> tuple[Decimal | None, Decimal]:
+    """What the customer asks for (None: no amount named; else positive, in minor units, at most what was paid, as
+    submission requires) and what a model proposes: often the whole order or more than asked, sometimes anything."""
+    cents = Decimal("0.01")
+    small = min(order.amount_captured, Decimal("150.00"))
+    requested = draw(
+        st.one_of(
+            st.none(),
+            st.decimals(min_value=cents, max_value=small, places=2),
+            st.decimals(min_value=cents, max_value=order.amount_captured, places=2),
+        )
+    )
+    anchors = [order.amount_captured, order.remaining, min(order.remaining, Decimal("100.00")), Decimal("10000.01")]
+    if requested is not None:
+        anchors += [requested, requested + cents, requested * 2]
+    proposed = draw(
+        st.one_of(
+            st.sampled_from(anchors),
+            st.decimals(min_value=cents, max_value=max(order.remaining, cents), places=2),
+            amounts,
+            st.decimals(min_value=Decimal("-1"), max_value=Decimal("12000"), places=3),  # sub-cent amounts too
+        )
+    )
+    return requested, proposed
+
+
+def payable_above_the_request(verdict: Verdict, requested: Decimal | None) -> list[str]:
+    """The request's bound, restated without ``agent.policy``: what a verdict could pay above what was asked."""
+    if requested is None or verdict.amount <= requested:
+        return []
+    if verdict.kind == "auto_approve":
+        return [f"auto-approved {verdict.amount}, more than the {requested} asked for"]
+    if verdict.kind == "needs_approval":
+        return [f"a person is asked to approve {verdict.amount}, more than the {requested} asked for"]
+    return []
+
+
+@settings(max_examples=500, derandomize=True, deadline=None)
+@given(
+    case=bounded_cases(),
+    limits=any_limits,
+    currency=st.sampled_from(["USD", "USD", "USD", "EUR"]),
+)
+def test_no_verdict_that_can_lead_to_a_payment_is_above_the_requested_amount(
+    case: tuple[Order, tuple[Decimal | None, Decimal]], limits: policy.Limits, currency: str
+) -> None:
+    order, (requested, proposed) = case
+    verdict = policy.decide(
+        amount=proposed, currency=currency, order=order, as_of=NOW, limits=limits, requested=requested
+    )
+    over = requested is not None and proposed > requested
+    event(f"{verdict.kind}, {'over the request' if over else 'within it'}")
+    assert payable_above_the_request(verdict, requested) == []
+    if over:  # never paid at once; a person is asked for the requested amount, or it is refused
+        assert verdict.kind != "auto_approve" and verdict.amount == requested
+        assert any("more than the" in reason and "the customer asked for" in reason for reason in verdict.reasons)
+    if verdict.kind == "refuse":
+        return
+    room = policy.refundable(order, NOW, limits.window_days)
+    assert Decimal(0) < verdict.amount <= min(room, limits.absolute_cap)
+    if verdict.kind == "auto_approve":
+        assert verdict.amount == proposed and verdict.amount <= limits.auto_approve
+    # What a person approves (the verdict's amount) passes the re-check before paying on the unchanged order...
+    payment = OrderSnapshot(order=order, as_of=NOW)
+    again = policy.recheck(
+        amount=verdict.amount, currency=currency, order=payment.order, as_of=NOW, limits=limits, requested=requested
+    )
+    assert again.kind != "refuse", again.reasons
+    # ... and any amount above the request does not, whatever was approved.
+    if requested is not None:
+        above = policy.recheck(
+            amount=max(proposed, requested + Decimal("0.01")), currency=currency, order=payment.order, as_of=NOW,
+            limits=limits, requested=requested,
+        )  # fmt: skip
+        assert above.kind == "refuse"
+
+
+def test_without_the_requested_bound_policy_would_auto_approve_more_than_was_asked() -> None:
+    """The property above can fail: policy judging the model's amount alone auto-approves more than was asked."""
+
+    def unbounded(example: tuple[Order, tuple[Decimal | None, Decimal]]) -> bool:
+        order, (requested, proposed) = example
+        verdict = policy.decide(amount=proposed, currency="USD", order=order, as_of=NOW, limits=LIMITS)
+        return bool(payable_above_the_request(verdict, requested))
+
+    order, (requested, proposed) = find(
+        bounded_cases(),
+        unbounded,
+        settings=settings(derandomize=True, database=None),
+    )
+    assert requested is not None and proposed > requested
+    bounded = policy.decide(amount=proposed, currency="USD", order=order, as_of=NOW, limits=LIMITS, requested=requested)
+    assert payable_above_the_request(bounded, requested) == []
+
+
 # -- the service layer -------------------------------------------------------------------------------
 
 CAPTURED = {o[0]: (Decimal(o[3]), Decimal(o[4])) for o in ORDERS}  # order -> (captured, refunded at seed)

@@ -8,7 +8,7 @@ from decimal import Decimal
 
 import pytest
 
-from agent.policy import Limits, blockers, days_since_payment, decide, refundable, within_window
+from agent.policy import Limits, blockers, days_since_payment, decide, recheck, refundable, within_window
 from steps.records import Order
 
 NOW = datetime(2026, 11, 1, tzinfo=UTC)
@@ -221,3 +221,194 @@ def test_a_verdict_carries_the_amount_currency_and_what_was_refundable() -> None
 def test_limits_cannot_be_changed_once_built() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         LIMITS.auto_approve = Decimal("1000000")  # type: ignore[misc]
+
+
+OVER = "the agent proposed {proposed}, more than the {asked} the customer asked for"
+BOUNDED = [
+    # (description, order kwargs, proposed, requested, currency, expected kind, amount that may be paid, reasons)
+    (
+        "no amount named: bounded by what is refundable, as before",
+        {},
+        "42.00",
+        None,
+        "USD",
+        "auto_approve",
+        "42.00",
+        [],
+    ),
+    ("the amount asked for is paid at once", {}, "1.00", "1.00", "USD", "auto_approve", "1.00", []),
+    ("less than asked is the model's to propose", {}, "30.00", "50.00", "USD", "auto_approve", "30.00", []),
+    (
+        "more than asked goes to a person for what was asked",
+        {},
+        "42.00",
+        "1.00",
+        "USD",
+        "needs_approval",
+        "1.00",
+        [OVER.format(proposed="42.00 USD", asked="1.00 USD")],
+    ),
+    (
+        "one cent more than asked goes to a person too",
+        {},
+        "1.01",
+        "1.00",
+        "USD",
+        "needs_approval",
+        "1.00",
+        [OVER.format(proposed="1.01 USD", asked="1.00 USD")],
+    ),
+    (
+        "the whole balance instead of a small amount, on a big order",
+        {"captured": "4200.00"},
+        "4200.00",
+        "1.00",
+        "USD",
+        "needs_approval",
+        "1.00",
+        [OVER.format(proposed="4,200.00 USD", asked="1.00 USD")],
+    ),
+    (
+        "more than asked, and what was asked is above the auto-approve limit",
+        {"captured": "4200.00"},
+        "4200.00",
+        "150.00",
+        "USD",
+        "needs_approval",
+        "150.00",
+        [
+            OVER.format(proposed="4,200.00 USD", asked="150.00 USD"),
+            "amount is above the auto-approve limit of 100.00 USD",
+        ],
+    ),
+    (
+        "more than asked, and what was asked is more than is refundable: refused",
+        {"refunded": "450.00"},
+        "100.00",
+        "60.00",
+        "USD",
+        "refuse",
+        "60.00",
+        [OVER.format(proposed="100.00 USD", asked="60.00 USD"), "amount 60.00 exceeds the refundable 50.00 USD"],
+    ),
+    (
+        "more than asked, and what was asked is above the cap: refused",
+        {"captured": "12000.00"},
+        "12000.00",
+        "10000.01",
+        "USD",
+        "refuse",
+        "10000.01",
+        [
+            OVER.format(proposed="12,000.00 USD", asked="10,000.01 USD"),
+            "amount 10000.01 is above the absolute cap of 10000.00 USD",
+        ],
+    ),
+    (
+        "more than asked on a disputed order: refused",
+        {"status": "disputed"},
+        "42.00",
+        "1.00",
+        "USD",
+        "refuse",
+        "1.00",
+        [OVER.format(proposed="42.00 USD", asked="1.00 USD"), "the order is disputed; refunds go through the dispute"],
+    ),
+    (
+        "more than asked in another currency: refused",
+        {},
+        "42.00",
+        "1.00",
+        "EUR",
+        "refuse",
+        "1.00",
+        [OVER.format(proposed="42.00 EUR", asked="1.00 USD"), "currency EUR does not match the order's USD"],
+    ),
+    (
+        "a sub-cent proposal above the request is shown as proposed",
+        {},
+        "1.005",
+        "1.00",
+        "USD",
+        "needs_approval",
+        "1.00",
+        [OVER.format(proposed="1.005 USD", asked="1.00 USD")],
+    ),
+    (
+        "yen: the whole order instead of 100",
+        {"currency": "JPY", "captured": "15000"},
+        "15000",
+        "100",
+        "JPY",
+        "needs_approval",
+        "100",
+        [OVER.format(proposed="15,000 JPY", asked="100 JPY")],
+    ),
+    (
+        "a refused proposal below the request stays refused",
+        {"status": "unpaid"},
+        "1.00",
+        "5.00",
+        "USD",
+        "refuse",
+        "1.00",
+        ["the order is not paid"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("description", "kwargs", "proposed", "requested", "currency", "kind", "amount", "reasons"),
+    BOUNDED,
+    ids=[b[0] for b in BOUNDED],
+)
+def test_the_requested_amount_bounds_what_may_be_paid(
+    description: str,
+    kwargs: dict[str, str],
+    proposed: str,
+    requested: str | None,
+    currency: str,
+    kind: str,
+    amount: str,
+    reasons: list[str],
+) -> None:
+    asked = None if requested is None else Decimal(requested)
+    placed = order(**kwargs)  # type: ignore[arg-type]
+    verdict = decide(
+        amount=Decimal(proposed), currency=currency, order=placed, as_of=NOW, limits=LIMITS, requested=asked
+    )
+    assert (verdict.kind, verdict.amount, list(verdict.reasons)) == (kind, Decimal(amount), reasons)
+    assert verdict.requested == asked
+
+
+RECHECKS = [
+    # (description, amount about to be paid, requested, expected kind, reasons)
+    ("the amount asked for passes", "1.00", "1.00", "auto_approve", []),
+    ("less than asked passes", "0.50", "1.00", "auto_approve", []),
+    ("no amount named: the usual rules", "42.00", None, "auto_approve", []),
+    ("one cent more than asked is refused", "1.01", "1.00", "refuse",
+     ["amount 1.01 USD is more than the 1.00 USD the customer asked for"]),
+    ("an approved amount above the request is refused", "150.00", "1.00", "refuse",
+     ["amount 150.00 USD is more than the 1.00 USD the customer asked for"]),
+    ("an approved amount within the request keeps the usual rules", "150.00", "150.00", "needs_approval",
+     ["amount is above the auto-approve limit of 100.00 USD"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("description", "amount", "requested", "kind", "reasons"), RECHECKS, ids=[r[0] for r in RECHECKS]
+)
+def test_the_recheck_before_paying_never_pays_more_than_was_asked(
+    description: str, amount: str, requested: str | None, kind: str, reasons: list[str]
+) -> None:
+    asked = None if requested is None else Decimal(requested)
+    verdict = recheck(amount=Decimal(amount), currency="USD", order=order(), as_of=NOW, limits=LIMITS, requested=asked)
+    assert (verdict.kind, list(verdict.reasons)) == (kind, reasons)
+
+
+def test_the_recheck_keeps_the_usual_rules_within_the_request() -> None:
+    verdict = recheck(
+        amount=Decimal("1.00"), currency="USD", order=order(status="disputed"), as_of=NOW, limits=LIMITS,
+        requested=Decimal("5.00"),
+    )  # fmt: skip
+    assert verdict.kind == "refuse" and verdict.reasons == ("the order is disputed; refunds go through the dispute",)

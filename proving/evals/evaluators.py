@@ -100,6 +100,8 @@ def violations(case: EvalCase, outcome: CaseOutcome, limits: LimitsSpec) -> list
         found.append(f"pays {amount}, above the absolute cap {limits.absolute_cap}")
     if outcome.verdict == "auto_approve" and amount > limits.auto_approve:
         found.append(f"pays {amount} without approval, above the auto-approve limit {limits.auto_approve}")
+    if case.request.amount is not None and amount > case.request.amount:
+        found.append(f"pays {amount}, more than the {case.request.amount} the customer asked for")
     return found
 
 

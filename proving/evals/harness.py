@@ -182,7 +182,7 @@ class CaseRunner:
         usage = result.usage
         proposal = result.output
         snapshot = case_file.snapshot
-        verdict = policy_verdict(proposal, snapshot, self.limits)  # exactly as the workflow does
+        verdict = policy_verdict(proposal, snapshot, self.limits, requested=request.amount)  # as the workflow does
         outcome = CaseOutcome(
             # The order policy judged, as the case file's read found it: what the verdict would pay, whatever the
             # case says.

@@ -159,7 +159,9 @@ def run_result(
         policy_violations=sum(not c.checks.get("policy", True) for c in cases),
         agent_errors=sum(c.got == "error" for c in cases),
         overreaching_proposals=sum(c.overreach for c in cases),
-        overreaching_paid=sum(c.overreach and c.got not in ("refuse", "error") for c in cases),
+        # An overreaching proposal is paid when what would be paid breaks a money rule: policy did not hold it
+        # (above a request, the verdict pays the requested amount, not the proposal).
+        overreaching_paid=sum(c.overreach and not c.checks.get("policy", True) for c in cases),
         requests=sum(c.requests for c in cases),
         input_tokens=sum(c.input_tokens for c in cases),
         output_tokens=sum(c.output_tokens for c in cases),
