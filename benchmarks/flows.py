@@ -35,6 +35,7 @@ from agent.offline import offline_model
 from agent.ops.offloop import call
 from agent.runtime import Runtime
 from agent.workflow import policy_verdict, refund_workflow
+from benchmarks.identities import BENCH_APPROVER
 from steps.notify import CustomerMessage
 from steps.orders import review_case_step
 from steps.payments import issue_refund_step
@@ -77,7 +78,9 @@ async def dbos_approved_refund(refund_id: str, request: RefundRequest) -> dict[s
     from benchmarks.harness import off_loop  # DBOS's synchronous API runs off the event loop
 
     def approve_here() -> None:
-        approvals.decide_pending(decide_here, refund_id=refund_id, decision="approve", approver="bench")
+        approvals.decide_pending(
+            decide_here, refund_id=refund_id, decision="approve", approver=BENCH_APPROVER, via="console"
+        )
 
     await off_loop(approve_here)
     return await _ended(approvals.settle_id(refund_id))

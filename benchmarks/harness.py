@@ -34,6 +34,7 @@ from agent.domain import RefundRequest
 from agent.ops.processes import free_port, http_ok, stop, wait_for
 from agent.settings import Settings
 from benchmarks import http_load
+from benchmarks.identities import BENCH_REQUESTER
 from steps.refunds import register_request
 from steps.seed import seed
 from steps.store import app_db, customers, orders
@@ -229,7 +230,14 @@ def new_refund(tag: str, amount: Decimal = AUTO_AMOUNT) -> tuple[str, RefundRequ
     refund_id = f"bench-{tag}-{n}-{secrets.token_hex(3)}"
     order_id = BENCH_ORDERS[n % len(BENCH_ORDERS)]
     request = RefundRequest(order_id=order_id, message="Please refund this.", amount=amount, currency="USD")
-    register_request(refund_id=refund_id, order_id=order_id, request_hash="bench", currency="USD", requested=amount)
+    register_request(
+        refund_id=refund_id,
+        order_id=order_id,
+        request_hash="bench",
+        currency="USD",
+        requested=amount,
+        requester=BENCH_REQUESTER,
+    )
     return refund_id, request
 
 

@@ -199,7 +199,7 @@ def after_verdict(state: RefundState) -> str:
 def notify_approvers_node(state: RefundState) -> RefundState:
     verdict = state["verdict"]
     text = f"Refund {state['refund_id']} of {verdict['amount']} {verdict['currency']} needs approval"
-    notify_approvers_step(state["refund_id"], kind="request", text=text)
+    notify_approvers_step(state["refund_id"], kind="request", messages={"bench-approver": text})
     return {}
 
 

@@ -38,6 +38,7 @@ from dbos import DBOSClient
 from agent import approvals, status
 from benchmarks import harness, parked_expiry, wake_latency
 from benchmarks.harness import APPROVAL_AMOUNT, AUTO_AMOUNT, Databases
+from benchmarks.identities import BENCH_APPROVER
 from benchmarks.parked_common import (
     Store,
     Worker,
@@ -182,7 +183,9 @@ def _approve_via_queue(client: DBOSClient, ids: list[str], rate: float) -> tuple
     def decide(refund_id: str) -> None:
         called[refund_id] = time.time()
         try:
-            approvals.decide_pending(decider, refund_id=refund_id, decision="approve", approver="bench")
+            approvals.decide_pending(
+                decider, refund_id=refund_id, decision="approve", approver=BENCH_APPROVER, via="console"
+            )
         except approvals.ApprovalError as error:
             errors.append(f"{refund_id}: {error.code}")
 

@@ -34,6 +34,7 @@ from agent.submit import submit_refund
 from benchmarks import harness
 from benchmarks.harness import Databases
 from benchmarks.http_load import percentile
+from benchmarks.identities import BENCH_REQUESTER
 from steps.store import close_app_database, create_engine, open_app_database, utc
 
 EXECUTOR = "bench-parked"  # every worker of a run has this id: a restart is the same executor
@@ -227,7 +228,7 @@ def submit(client: DBOSClient, key: str, amount: Decimal, i: int = 0) -> float:
     order = harness.BENCH_ORDERS[i % len(harness.BENCH_ORDERS)]
     request = RefundRequest(order_id=order, message="Please refund.", amount=amount, currency="USD")
     sent = time.time()
-    submit_refund(client, idempotency_key=key, request=request)
+    submit_refund(client, idempotency_key=key, request=request, requester=BENCH_REQUESTER)
     return sent
 
 

@@ -42,6 +42,7 @@ from agent.submit import request_hash
 from benchmarks import flows, harness
 from benchmarks import langgraph_flow as lg
 from benchmarks.harness import APPROVAL_AMOUNT, AUTO_AMOUNT, Databases, median
+from benchmarks.identities import BENCH_APPROVER, BENCH_REQUESTER
 from sandbox.model import FakeOpenAIServer, ScriptedModel
 from steps.refunds import register_request
 from steps.store import app_db, refunds
@@ -211,7 +212,7 @@ def _register_refusal() -> tuple[str, RefundRequest]:
     refund_id = f"bench-rt-path-refuse-{secrets.token_hex(3)}"
     request = RefundRequest(order_id=DISPUTED_ORDER, message="Please refund this.", currency="USD")
     register_request(refund_id=refund_id, order_id=DISPUTED_ORDER, request_hash=request_hash(request), currency="USD",
-                     requested=None)  # fmt: skip
+                     requested=None, requester=BENCH_REQUESTER)  # fmt: skip
     return refund_id, request
 
 
@@ -228,7 +229,9 @@ async def _run_path(path: str) -> dict[str, Any]:
         decision: Any = path
 
         def decide() -> None:
-            approvals.decide_pending(decide_here, refund_id=refund_id, decision=decision, approver="bench")
+            approvals.decide_pending(
+                decide_here, refund_id=refund_id, decision=decision, approver=BENCH_APPROVER, via="console"
+            )
 
         await harness.off_loop(decide)
     deadline = time.monotonic() + 60

@@ -38,6 +38,7 @@ from psycopg import sql
 
 from agent.ops.processes import free_port, http_ok, wait_for
 from benchmarks.http_load import percentile
+from benchmarks.identities import BENCH_REQUESTER
 
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -111,7 +112,11 @@ def run_once(server: str, refunds: int, workers: int, concurrency: int, workdir:
                 request = RefundRequest(order_id=order_id, message=f"Please refund {amount}", amount=Decimal(amount))
                 refund_id = f"bench-{workers}w-{i:05d}"
                 submit_refund(
-                    client, idempotency_key=refund_id, request=request, app_version=settings.refund_agent_app_version
+                    client,
+                    idempotency_key=refund_id,
+                    request=request,
+                    requester=BENCH_REQUESTER,
+                    app_version=settings.refund_agent_app_version,
                 )
                 ids.append(refund_id)
             for w in range(workers):

@@ -63,7 +63,8 @@ def test_dbos_cli_shows_a_parked_refunds_timers_then_cancels_and_resumes_its_con
     delayed = {w["workflow_id"] for w in dbos(env, tmp_path, "list", "--status", "DELAYED")}
     assert delayed == {deadline_id(refund_id), escalation_id(refund_id)}  # waiting is these rows, nothing runs
     assert dbos(env, tmp_path, "list", "--status", "PENDING") == []
-    env.sandbox.set_faults(latency_ms=3000)
+    # The provider answers slowly enough that the CLI's cancel, a new process on a busy machine, lands first.
+    env.sandbox.set_faults(latency_ms=10_000)
     approvals.decide_pending(decide_here, refund_id=refund_id, decision="approve", approver=DANA, via="console")
     continuation = settle_id(refund_id)
     wait_for(lambda: prepared(client, continuation), timeout=60, what="the payment to start", interval=0.05)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import os
 import shutil
 import subprocess
@@ -34,13 +35,19 @@ def cli(env: Env, *args: str, cwd: Path | None = None) -> subprocess.CompletedPr
     )
 
 
-def test_cli_submits_approves_once_and_reports_status(env: Env, client: DBOSClient) -> None:
-    submitted = cli(env, "submit", "ord_1002", "--message", "Broken on arrival", "--key", "cli-refund-0001")
+def test_cli_submits_approves_once_and_reports_status(env: Env, client: DBOSClient, tmp_path: Path) -> None:
+    """The help desk's client submits (its key in a file); the OS user running the CLI approves."""
+    made = cli(env, "clients", "add", "helpdesk", "--scopes", "refunds:create,refunds:read")
+    assert made.returncode == 0 and made.stdout.count("\n") == 1, made.stderr  # the key alone on stdout
+    key_file = tmp_path / "helpdesk.key"
+    key_file.write_text(made.stdout)
+    args = ("submit", "ord_1002", "--message", "Broken on arrival", "--key", "cli-refund-0001")
+    submitted = cli(env, *args, "--api-key-file", str(key_file))
     assert submitted.returncode == 0, submitted.stderr
     wait_for(lambda: parked(client, "cli-refund-0001"), timeout=60, what="the refund to park")
-    approved = cli(env, "approve", "cli-refund-0001", "--approver", "dana")
-    assert approved.returncode == 0 and "approve by dana" in approved.stdout, approved.stderr
-    rejected = cli(env, "reject", "cli-refund-0001", "--approver", "eve")
+    approved = cli(env, "approve", "cli-refund-0001")
+    assert approved.returncode == 0 and f"approve by cli:{getpass.getuser()}" in approved.stdout, approved.stderr
+    rejected = cli(env, "reject", "cli-refund-0001")
     assert rejected.returncode == 3 and "recorded earlier" in rejected.stdout
     wait_for_outcome(client, "cli-refund-0001")
     status = cli(env, "status", "cli-refund-0001")
@@ -55,13 +62,21 @@ def test_cli_submits_approves_once_and_reports_status(env: Env, client: DBOSClie
     assert cli(env, "steps", "no-such-refund").returncode == 1
 
 
-def test_cli_refuses_bad_input_with_a_message(env: Env, service: runtime.Runtime) -> None:
+def test_cli_refuses_bad_input_with_a_message(env: Env, service: runtime.Runtime, tmp_path: Path) -> None:
     unknown = cli(env, "submit", "ord_nope", "--message", "hi", "--key", "cli-bad-00001")
     assert unknown.returncode == 2 and "does not exist" in unknown.stderr
     negative = cli(env, "submit", "ord_1001", "--message", "hi", "--amount", "-3", "--key", "cli-bad-00002")
     assert negative.returncode == 2 and "greater than zero" in negative.stderr
-    nothing = cli(env, "approve", "no-such-refund", "--approver", "dana")
+    nothing = cli(env, "approve", "no-such-refund")
     assert nothing.returncode == 2 and "not waiting" in nothing.stderr
+    typed = cli(env, "approve", "no-such-refund", "--approver", "dana")  # who decides is not typed
+    assert typed.returncode == 2 and "unrecognized arguments: --approver" in typed.stderr
+    forged = tmp_path / "forged.key"
+    forged.write_text("not-a-key-anyone-was-given-0000000000")
+    as_nobody = cli(
+        env, "submit", "ord_1001", "--message", "hi", "--key", "cli-bad-00003", "--api-key-file", str(forged)
+    )
+    assert as_nobody.returncode == 2 and "not a live client" in as_nobody.stderr
 
 
 def test_audit_verify_reports_the_first_tampered_entry(env: Env, client: DBOSClient) -> None:
