@@ -12,9 +12,11 @@ import httpx
 import pytest
 import sqlalchemy as sa
 from dbos import DBOSClient
+from pydantic import ValidationError
 
 from agent.console import addresses, auth
 from agent.ops.processes import wait_for
+from agent.settings import Settings
 from steps import audit, console_sessions, sign_in_throttle
 from steps.migrate import upgrade
 from steps.store import app_db, create_engine
@@ -219,6 +221,9 @@ def test_client_address_is_the_right_most_hop_that_is_not_a_trusted_proxy() -> N
     assert addresses.client_address("10.1.1.1", ["[2001:db8::1]:443", "198.51.100.2:5555"], proxies) == ("198.51.100.2")
     assert addresses.client_address("::ffff:10.1.1.1", ["198.51.100.3"], proxies) == "198.51.100.3"
     assert addresses.client_address(None, ["198.51.100.3"], proxies) == "unknown"
+    assert Settings(refund_agent_trusted_proxies=["10.0.0.0/8", "2001:db8::/32", "192.0.2.1"])
+    with pytest.raises(ValidationError, match="not an IP address or CIDR network"):
+        Settings(refund_agent_trusted_proxies=["proxy.internal"])
 
 
 @pytest.fixture

@@ -146,8 +146,9 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Fast
 
 UVICORN_PROXY_OPTIONS: dict[str, Any] = {"proxy_headers": False}
 """uvicorn would otherwise take the client's address (and scheme) from ``X-Forwarded-For`` whenever the peer
-is in its ``forwarded_allow_ips`` (127.0.0.1 by default), so a client on the same host could pick any
-address. The console reads that header itself, from configured proxies only (``REFUND_AGENT_TRUSTED_PROXIES``)."""
+is in its ``forwarded_allow_ips`` (127.0.0.1 by default), so anything connecting from there (a client on the
+same host, a proxy passing a client's header along) could claim any address. The console reads that header
+itself, from the configured proxies only (``REFUND_AGENT_TRUSTED_PROXIES``)."""
 
 
 def serve(settings: Settings | None = None, *, worker: bool = True) -> None:
