@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import secrets
@@ -97,10 +98,18 @@ class Settings(BaseSettings):
     ``{"operator:dana": {"USD": "5000.00"}, "client:helpdesk-bot": {"USD": "500.00"}}``. A principal listed
     may approve only in the currencies listed, up to those amounts; one not listed is not limited."""
     refund_agent_operators: dict[str, str] = Field(default_factory=dict)
-    """Console operators as JSON, name -> "role:password-hash" (role ``approver`` or ``admin``; the hash from
-    ``refund-agent hash-password``). Unset: one ``admin`` whose password is generated into the data directory."""
+    """Console operators as JSON, name -> "role:password-hash" (role ``viewer``, ``approver`` or ``admin``; the
+    hash from ``refund-agent hash-password``). Unset: one ``admin`` whose password is generated into the data
+    directory. A change of an operator's role or password, or their removal, ends their console sessions."""
     refund_agent_session_secret: SecretStr | None = None
-    """Signs console session cookies. Unset: generated on first start and kept in the data directory."""
+    """Signs the console's sign-in form cookie and keys its sign-in throttle (sessions themselves are rows in
+    the application database). Unset: generated on first start and kept in the data directory; processes
+    behind one address share it."""
+    refund_agent_trusted_proxies: list[str] = Field(default_factory=list)
+    """Reverse proxies in front of the service, as a JSON list of addresses or CIDR networks, e.g.
+    ``["10.0.0.0/8", "192.0.2.7"]``. Only when a request comes from one of them does the console read
+    ``X-Forwarded-For``, taking the right-most address that is not a listed proxy as the client's (for its
+    per-address sign-in limit and the audit log). Unset: the TCP peer is the client, whatever the headers say."""
     dbos_conductor_key: SecretStr | None = None
     """Optional: connect to DBOS Conductor (DBOS Console); needs the ``conductor`` extra (dbos[enterprise])."""
 
@@ -139,6 +148,16 @@ class Settings(BaseSettings):
                 raise ValueError(f"operator name {name!r}: 1-100 letters, digits or ._@- (no ':' or spaces)")
             if role not in ("viewer", "approver", "admin") or not hashed.startswith("scrypt$"):
                 raise ValueError(f'operator {name!r}: expected "viewer:scrypt$...", "approver:..." or "admin:..."')
+        return value
+
+    @field_validator("refund_agent_trusted_proxies")
+    @classmethod
+    def _trusted_proxies(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            try:
+                ipaddress.ip_network(entry.strip(), strict=False)
+            except ValueError:
+                raise ValueError(f"trusted proxy {entry!r} is not an IP address or CIDR network") from None
         return value
 
     payments_api_base: str | None = None

@@ -143,6 +143,35 @@ api_clients = sa.Table(
     sa.Column("revoked_at", sa.DateTime(timezone=True)),
 )
 
+# Console sign-ins (migration 0010). The cookie carries a random session id; only its SHA-256 is kept, with
+# a fingerprint of the operator's credentials at sign-in (a changed role or password ends the session).
+console_sessions = sa.Table(
+    "console_sessions",
+    metadata,
+    sa.Column("session_hash", sa.String(64), primary_key=True),
+    sa.Column("operator", sa.String(100), nullable=False, index=True),
+    sa.Column("role", sa.String(16), nullable=False),
+    sa.Column("credentials", sa.String(64), nullable=False),
+    sa.Column("csrf", sa.String(64), nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("last_seen_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),  # the absolute end; idleness ends it sooner
+    sa.Column("address", sa.String(64), nullable=False),
+    sa.Column("user_agent", sa.String(300), nullable=False, server_default=""),
+)
+
+# Failed console sign-ins, shared by every API process: per name (keyed by an HMAC of what was typed, which
+# may be a mistyped password) a growing delay, and per client address a count in a fixed window.
+console_sign_in_throttle = sa.Table(
+    "console_sign_in_throttle",
+    metadata,
+    sa.Column("throttle_key", sa.String(100), primary_key=True),  # name:<hmac> or address:<ip>
+    sa.Column("failures", sa.Integer, nullable=False),
+    sa.Column("window_started_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("retry_at", sa.DateTime(timezone=True)),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, index=True),
+)
+
 audit_log = sa.Table(
     "audit_log",
     metadata,

@@ -1,56 +1,66 @@
-"""The whole service (API, console, worker) under uvicorn in a thread, with two operators configured."""
+"""The whole service (API, console, worker) under uvicorn in a thread, with three operators configured."""
 
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
+import uvicorn
 from dbos import DBOSClient
 
 from agent import runtime
 from agent.console.auth import hash_password
-from agent.http.server import create_app
+from agent.http.server import UVICORN_PROXY_OPTIONS, create_app
 from agent.ops.processes import free_port
 from steps.seed import seed
 from steps.store import app_db
 from tests.conftest import Env
 from tests.servers import ThreadedServer
 
-PASSWORDS = {"ada": "ada-admin-pass", "bob": "bob-approver-pass"}
-OPERATORS = {
-    "ada": f"admin:{hash_password(PASSWORDS['ada'])}",
-    "bob": f"approver:{hash_password(PASSWORDS['bob'])}",
-}
+PASSWORDS = {"ada": "ada-admin-pass", "bob": "bob-approver-pass", "vic": "vic-viewer-pass"}
+HASHES = {name: hash_password(password) for name, password in PASSWORDS.items()}
+OPERATORS = {"ada": f"admin:{HASHES['ada']}", "bob": f"approver:{HASHES['bob']}", "vic": f"viewer:{HASHES['vic']}"}
 _CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
 
 class ConsoleServer(ThreadedServer):
-    def __init__(self, env: Env, **overrides: Any) -> None:
+    def __init__(self, env: Env, *, operators: dict[str, str] | None = None, **overrides: Any) -> None:
         port = free_port()
-        self.settings = env.settings(
-            **overrides,
-            refund_agent_operators=OPERATORS,
-            refund_agent_session_secret="test-session-secret",
-            refund_agent_api_token="test-api-token",
-            approval_signing_secret="test-signing-secret",
-            refund_agent_port=port,
-            queue_worker_concurrency=8,  # a refund parked for approval holds a worker slot while it waits
+        values: dict[str, Any] = {
+            "refund_agent_operators": OPERATORS if operators is None else operators,
+            "refund_agent_session_secret": "test-session-secret",
+            "refund_agent_api_token": "test-api-token",
+            "approval_signing_secret": "test-signing-secret",
+            "refund_agent_port": port,
+            "queue_worker_concurrency": 8,  # a refund parked for approval holds a worker slot while it waits
+        }
+        self.settings = env.settings(**{**values, **overrides})
+        # As `refund-agent serve` runs it: uvicorn's own X-Forwarded-For handling off.
+        config = uvicorn.Config(
+            create_app(self.settings), host="127.0.0.1", port=port, log_level="warning", **UVICORN_PROXY_OPTIONS
         )
-        super().__init__(create_app(self.settings), port=port)
+        self.port = port
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     @contextmanager
-    def signed_in(self, name: str) -> Iterator[httpx.Client]:
+    def signed_in(self, name: str, password: str | None = None, **headers: str) -> Iterator[httpx.Client]:
         """An HTTP client holding the session cookie of operator ``name``."""
-        with httpx.Client(base_url=self.base_url, timeout=30) as http:
-            signed_in = http.post(
-                "/console/login",
-                data={"name": name, "password": PASSWORDS[name], "csrf": csrf_of(http), "next": "/console"},
-            )
+        with httpx.Client(base_url=self.base_url, timeout=30, headers=headers) as http:
+            signed_in = sign_in(http, name, PASSWORDS[name] if password is None else password)
             assert signed_in.status_code == 303, signed_in.text
             yield http
+
+
+def sign_in(http: httpx.Client, name: str, password: str) -> httpx.Response:
+    return http.post(
+        "/console/login", data={"name": name, "password": password, "csrf": csrf_of(http), "next": "/console"}
+    )
 
 
 def csrf_of(http: httpx.Client, path: str = "/console/login") -> str:
@@ -62,9 +72,11 @@ def csrf_of(http: httpx.Client, path: str = "/console/login") -> str:
 
 
 @contextmanager
-def console_server(env: Env, **overrides: Any) -> Iterator[tuple[ConsoleServer, DBOSClient]]:
-    """``overrides``: settings on top of the console's own (operators, secrets, port)."""
-    server = ConsoleServer(env, **overrides)
+def console_server(
+    env: Env, *, operators: dict[str, str] | None = None, **overrides: Any
+) -> Iterator[tuple[ConsoleServer, DBOSClient]]:
+    """``operators``: instead of ada (admin), bob (approver) and vic (viewer); ``overrides``: other settings."""
+    server = ConsoleServer(env, operators=operators, **overrides)
     server.start()
     try:
         seed(app_db().engine)  # the Postgres half starts empty; the embedded default seeded itself
@@ -78,4 +90,6 @@ def console_server(env: Env, **overrides: Any) -> Iterator[tuple[ConsoleServer, 
 
 
 def form(http: httpx.Client, path: str, **fields: Any) -> httpx.Response:
-    return http.post(path, data={k: str(v) for k, v in fields.items()})
+    """POST the fields as a browser posts a form (an empty form too: the content type says it is one)."""
+    body = urlencode({k: str(v) for k, v in fields.items()})
+    return http.post(path, content=body, headers={"Content-Type": "application/x-www-form-urlencoded"})

@@ -51,28 +51,16 @@ def test_password_hashes_are_salted_and_checked() -> None:
     assert not auth.check_password("correct horse", "scrypt$1$2$3$not-base64$x")
 
 
-def test_session_cookies_are_signed_and_expire() -> None:
-    operator = auth.Operator("dana", "approver", auth.hash_password("pw"))
-    session = auth.new_session(operator, now=1_000_000)
-    cookie = auth.encode_session(session, b"secret")
-    assert auth.decode_session(cookie, b"secret", now=1_000_001) == session
-    assert auth.decode_session(cookie, b"other secret", now=1_000_001) is None
+def test_sign_in_form_cookies_are_signed_and_expire() -> None:
+    session = auth.new_form_session(now=1_000_000)
+    cookie = auth.encode_form_session(session, b"secret")
+    assert auth.decode_form_session(cookie, b"secret", now=1_000_001) == session
+    assert auth.decode_form_session(cookie, b"other secret", now=1_000_001) is None
     signature = cookie.rpartition(".")[2]
-    promoted = auth.encode_session(auth.Session(session.csrf, session.expires, "dana", "admin"), b"x")
-    assert auth.decode_session(promoted.rpartition(".")[0] + "." + signature, b"secret", now=1_000_001) is None
-    assert auth.decode_session(cookie, b"secret", now=session.expires + 1) is None
-    assert session.may("approver") and not session.may("admin")
-
-
-def test_sign_in_limit_counts_failures_per_name_and_per_address_and_forgets_old_ones() -> None:
-    limiter = auth.SignInLimiter(per_name=2, per_address=3, window=60)
-    limiter.failed("ada", "10.0.0.1", now=0)
-    limiter.failed("ada", "10.0.0.2", now=1)
-    assert limiter.blocked("ada", "10.0.0.3", now=2) and not limiter.blocked("bob", "10.0.0.1", now=2)
-    limiter.failed("bob", "10.0.0.1", now=3)
-    limiter.failed("eve", "10.0.0.1", now=4)
-    assert limiter.blocked("carol", "10.0.0.1", now=5)  # one address, many names
-    assert not limiter.blocked("ada", "10.0.0.1", now=70) and not limiter.blocked("carol", "10.0.0.1", now=70)
+    longer = auth.encode_form_session(auth.Session(session.csrf, session.expires + 10**6), b"x")
+    assert auth.decode_form_session(longer.rpartition(".")[0] + "." + signature, b"secret", now=1_000_001) is None
+    assert auth.decode_form_session(cookie, b"secret", now=session.expires + 1) is None
+    assert session.operator is None and not session.may("viewer")  # it grants nothing
 
 
 def test_console_pages_need_a_signed_in_operator(env: Env, console: tuple[ConsoleServer, DBOSClient]) -> None:
@@ -141,6 +129,87 @@ def test_a_decision_is_bound_to_the_amount_shown_and_the_first_one_stands(
     assert decisions() == 1 and env.sandbox.refunds() == []
 
 
+def decision_buttons(html: str) -> set[str]:
+    return set(re.findall(r'name="decision" value="(\w+)"', html))
+
+
+def test_a_refund_already_decided_offers_no_decision_and_refuses_one(
+    env: Env, console: tuple[ConsoleServer, DBOSClient]
+) -> None:
+    server, client = console
+    refund_id = submit(client, "console-decided-01", "ord_1002")
+    request = parked(client, refund_id)
+    fields = {"amount": request["amount"], "currency": request["currency"]}
+    page = f"/console/refunds/{refund_id}"
+    with server.signed_in("bob") as bob:
+        token = csrf_of(bob, "/console")
+        assert decision_buttons(bob.get(page).text) == {"approve", "reject"}
+        assert decision_buttons(bob.get("/console").text) == {"approve", "reject"}  # its card on the list
+        assert form(bob, f"{page}/decision", decision="reject", csrf=token, **fields).status_code == 303
+        decided = bob.get(page)
+        assert "reject by " in decided.text and decision_buttons(decided.text) == set()
+        home = bob.get("/console")
+        assert f'data-refund="{refund_id}"' not in home.text and decision_buttons(home.text) == set()
+        for decision in ("approve", "reject"):  # the other way, and the same way again (a second click)
+            again = form(bob, f"{page}/decision", decision=decision, csrf=token, **fields)
+            assert again.status_code == 409 and "already decided: reject" in again.text
+    assert wait_for_outcome(client, refund_id)["status"] == "rejected"
+    assert decisions() == 1 and env.sandbox.refunds() == []
+
+
+def test_a_viewer_reads_the_console_but_sees_no_decision_buttons_and_cannot_decide(
+    env: Env, console: tuple[ConsoleServer, DBOSClient]
+) -> None:
+    server, client = console
+    refund_id = submit(client, "console-viewer-01", "ord_1002")
+    request = parked(client, refund_id)
+    fields = {"amount": request["amount"], "currency": request["currency"]}
+    with server.signed_in("vic") as vic:
+        token = csrf_of(vic, "/console")
+        home = vic.get("/console")
+        assert home.status_code == 200 and f'data-refund="{refund_id}"' in home.text and "vic (viewer)" in home.text
+        assert decision_buttons(home.text) == set()
+        page = vic.get(f"/console/refunds/{refund_id}")
+        assert page.status_code == 200 and decision_buttons(page.text) == set() and "admin-actions" not in page.text
+        for decision in ("approve", "reject"):
+            refused = form(vic, f"/console/refunds/{refund_id}/decision", decision=decision, csrf=token, **fields)
+            assert refused.status_code == 403 and "needs the approver role" in refused.text
+        assert form(vic, f"/console/refunds/{refund_id}/cancel", csrf=token).status_code == 403
+        assert vic.get("/console/sessions").status_code == 403
+    assert decisions() == 0 and status.parked(client, refund_id) is not None
+
+
+def test_admin_actions_without_their_csrf_token_are_refused_and_change_nothing(
+    env: Env, console: tuple[ConsoleServer, DBOSClient]
+) -> None:
+    server, client = console
+    env.sandbox.set_faults(latency_ms=3000)  # the refund is cancelled during its payment call
+    refund_id = submit(client, "console-csrf-admin-01", "ord_1001", "The mouse is broken.")
+    without_token: list[dict[str, Any]] = [{}, {"csrf": "forged-token"}]
+    with server.signed_in("ada") as ada, server.signed_in("bob") as bob:
+        token = csrf_of(ada, "/console")
+        wait_for(lambda: _row_status(refund_id) == "paying", timeout=60, what="the payment call")
+        cancel = f"/console/refunds/{refund_id}/cancel"
+        for fields in [*without_token, {"csrf": csrf_of(bob, "/console")}]:  # none, forged, another session's
+            assert form(ada, cancel, **fields).status_code == 403
+        assert client.retrieve_workflow(refund_id).get_status().status != "CANCELLED"
+        assert _operator_events(refund_id) == [] and _row_status(refund_id) == "paying"
+        assert form(ada, cancel, csrf=token).status_code == 303  # the token makes it work: the test can fail
+        runs = len(client.list_workflows(load_input=False, load_output=False))
+        for action, extra in (("resume", {}), ("fork", {"step": 1})):
+            for fields in without_token:
+                assert form(ada, f"/console/refunds/{refund_id}/{action}", **extra, **fields).status_code == 403
+        assert client.retrieve_workflow(refund_id).get_status().status == "CANCELLED"
+        assert len(client.list_workflows(load_input=False, load_output=False)) == runs  # no fork, no resume
+        assert _operator_events(refund_id) == ["operator_cancelled"] and _row_status(refund_id) == "cancelled"
+    env.sandbox.set_faults(latency_ms=0)
+
+
+def _operator_events(refund_id: str) -> list[str]:
+    with app_db().engine.connect() as conn:
+        return [e.event for e in audit.entries(conn, refund_id) if e.event.startswith("operator_")]
+
+
 def test_wrong_passwords_are_refused_and_sign_in_is_rate_limited(
     env: Env, console: tuple[ConsoleServer, DBOSClient]
 ) -> None:
@@ -154,6 +223,7 @@ def test_wrong_passwords_are_refused_and_sign_in_is_rate_limited(
         assert unknown.status_code == 401
         blocked = form(http, "/console/login", name="ada", password=PASSWORDS["ada"], csrf=token)
         assert blocked.status_code == 429 and "Too many attempts" in blocked.text
+        assert int(blocked.headers["retry-after"]) >= 1
     with server.signed_in("bob") as bob:  # another operator is not locked out by ada's failures
         assert bob.get("/console").status_code == 200
 

@@ -173,3 +173,34 @@ def test_hostile_customer_messages_render_as_text(
         approvals.decide_pending(decide_here, refund_id=refund_id, decision="reject", approver=DANA, via="console")
     for refund_id in ids:
         assert wait_for_outcome(client, refund_id)["status"] == "rejected"
+
+
+def test_an_admin_revokes_another_operators_session_from_the_sessions_page(
+    env: Env, console: tuple[ConsoleServer, DBOSClient], browser: Browser
+) -> None:
+    server, _ = console
+    ada_context, bob_context = browser.new_context(), browser.new_context()
+    ada, bob = ada_context.new_page(), bob_context.new_page()
+    sign_in(ada, server)
+    sign_in(bob, server, "bob")
+    expect(bob.locator("#sessions-link")).to_have_count(0)  # approvers do not manage sessions
+    ada.locator("#sessions-link").click()
+    expect(ada).to_have_url(f"{server.base_url}/console/sessions")
+    expect(ada.locator("#this-session")).to_have_count(1)
+    bob_row = ada.locator('tr[data-operator="bob"]')
+    expect(bob_row).to_contain_text("127.0.0.1")
+    expect(bob_row).to_contain_text("Chrome")  # the browser's user agent
+    bob_row.get_by_role("link", name="Revoke…").click()
+    expect(ada.locator("h1")).to_contain_text("of bob")
+    ada.get_by_role("button", name="Yes, revoke").click()
+    expect(ada.locator("#notice")).to_contain_text("Session revoked")
+    expect(ada.locator('tr[data-operator="bob"]')).to_have_count(0)
+    ada.screenshot(path=ARTIFACTS / f"sessions-{env.backend}.png", full_page=True)
+    bob.reload()
+    expect(bob).to_have_url(f"{server.base_url}/console/login?next=/console")  # bob's session is over
+    ada.get_by_role("button", name="Sign out").click()
+    expect(ada).to_have_url(f"{server.base_url}/console/login")
+    ada.goto(f"{server.base_url}/console/sessions")
+    expect(ada).to_have_url(f"{server.base_url}/console/login?next=/console/sessions")
+    ada_context.close()
+    bob_context.close()

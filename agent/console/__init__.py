@@ -1,6 +1,13 @@
-"""The operator console: pending approvals, refunds, a refund's timeline, and admin actions."""
+"""The operator console: pending approvals, refunds, a refund's timeline, admin actions, and sessions."""
 
+from fastapi import APIRouter
+
+from agent.console import session_views, signin, views
 from agent.console.pages import setup
-from agent.console.views import router
+
+router = APIRouter()
+router.include_router(signin.router)
+router.include_router(views.router)
+router.include_router(session_views.router)
 
 __all__ = ["router", "setup"]

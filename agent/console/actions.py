@@ -1,4 +1,5 @@
-"""Operators' admin actions on a refund's workflow: cancel, resume, fork. Each lands in the audit log."""
+"""Operators' admin actions on a refund's workflow: cancel, resume, fork. Each lands in the audit log, with the
+operator and the client address it came from."""
 
 from __future__ import annotations
 
@@ -91,17 +92,22 @@ def _refusal(wf: Any, refund_id: str, action: Action) -> str | None:
     return None
 
 
-def cancel(client: DBOSClient, refund_id: str, *, operator: str) -> None:
+def cancel(client: DBOSClient, refund_id: str, *, operator: str, address: str) -> None:
     """Stop the workflow where it is; nothing it has not done yet happens until someone resumes it."""
     wf = _workflow(client, refund_id)
     refused = _refusal(wf, refund_id, "cancel")
     if refused:
         raise ActionError(refused)
     client.cancel_workflow(wf.workflow_id)
-    _record(refund_id, "operator_cancelled", {"operator": operator, "workflow_status": wf.status}, "cancelled")
+    _record(
+        refund_id,
+        "operator_cancelled",
+        {"operator": operator, "address": address, "workflow_status": wf.status},
+        "cancelled",
+    )
 
 
-def resume(client: DBOSClient, refund_id: str, *, operator: str) -> None:
+def resume(client: DBOSClient, refund_id: str, *, operator: str, address: str) -> None:
     """Continue a cancelled (or stuck) workflow from its last checkpoint, on the refunds queue."""
     wf = _workflow(client, refund_id)
     refused = _refusal(wf, refund_id, "resume")
@@ -110,10 +116,11 @@ def resume(client: DBOSClient, refund_id: str, *, operator: str) -> None:
     client.resume_workflow(wf.workflow_id, queue_name=_queue(wf))
     # The row shows where the refund was when it was cancelled (a resumed step that runs again updates it).
     phase = _status_before_cancel(refund_id)
-    _record(refund_id, "operator_resumed", {"operator": operator, "workflow_id": wf.workflow_id}, phase or "received")
+    payload = {"operator": operator, "address": address, "workflow_id": wf.workflow_id}
+    _record(refund_id, "operator_resumed", payload, phase or "received")
 
 
-def fork(client: DBOSClient, refund_id: str, *, step: int, operator: str, app_version: str) -> str:
+def fork(client: DBOSClient, refund_id: str, *, step: int, operator: str, address: str, app_version: str) -> str:
     """Run the workflow again from ``step`` under a new workflow id; earlier steps keep their results.
 
     The refund id is the workflow's input, so the payment step derives the same idempotency key and
@@ -131,6 +138,12 @@ def fork(client: DBOSClient, refund_id: str, *, step: int, operator: str, app_ve
     fork_id = str(handle.get_workflow_id())
     # A refund cancelled here shows "cancelled" in its row; the fork carries on from where it stood, as a resume does.
     restored = _status_before_cancel(refund_id) if row is not None and row.status == "cancelled" else None
-    payload = {"operator": operator, "from_step": step, "forked": wf.workflow_id, "fork_workflow_id": fork_id}
+    payload = {
+        "operator": operator,
+        "address": address,
+        "from_step": step,
+        "forked": wf.workflow_id,
+        "fork_workflow_id": fork_id,
+    }
     _record(refund_id, "operator_forked", payload, restored)
     return fork_id

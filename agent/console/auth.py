@@ -1,5 +1,9 @@
-"""Console sign-in: scrypt password hashes, HMAC-signed session cookies with a CSRF token, roles,
-and a limit on failed sign-ins."""
+"""Console sign-in: scrypt password hashes, sessions and their lifetime, CSRF tokens, roles, and the
+sign-in throttle's numbers.
+
+A signed-in session is a row (``steps.console_sessions``): the cookie carries a random id. Before sign-in
+the sign-in form's CSRF token rides in a cookie signed with the session secret; it grants nothing.
+"""
 
 from __future__ import annotations
 
@@ -8,18 +12,39 @@ import hashlib
 import hmac
 import json
 import secrets
-import threading
 import time
-from collections import defaultdict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from datetime import timedelta
 from functools import cache
 
 from agent.identity import ROLES, Operator, Role, parse_operators, role_at_least
+from steps.sign_in_throttle import AddressLimit, Backoff
 
 __all__ = ["ROLES", "Operator", "Role", "parse_operators"]
 
-SESSION_COOKIE = "refund_console"
-SESSION_SECONDS = 12 * 3600
+SESSION_COOKIE = "refund_console_session"
+"""The signed-in session's random id (the database keeps its hash)."""
+FORM_COOKIE = "refund_console_form"
+"""The sign-in form's CSRF token, signed, for visitors not signed in."""
+
+SESSION_IDLE = timedelta(minutes=30)
+"""A session not used for this long ends (a refund page being worked on reloads itself, and so keeps it)."""
+SESSION_LIFETIME = timedelta(hours=12)
+"""A session ends this long after sign-in however busy it is: a working day, then sign in again."""
+SESSION_TOUCH_EVERY = timedelta(minutes=1)
+"""A session's last use is written at most this often (a refund page reloads every 2 s)."""
+FORM_SECONDS = 2 * 3600
+
+BACKOFF = Backoff(
+    free_failures=5,
+    first_delay=timedelta(seconds=5),
+    longest_delay=timedelta(minutes=5),
+    forget_after=timedelta(days=1),
+)
+"""Per name: five failures cost nothing, then 5 s, 10 s, 20 s, ... up to 5 min between attempts."""
+ADDRESS_LIMIT = AddressLimit(failures=20, window=timedelta(minutes=5))
+"""Per client address: 20 failures in a 5-minute window, whatever names they tried."""
+
 # scrypt cost: 16 MiB and ~50 ms per check here; slow enough to make a stolen hash expensive to guess.
 _N, _R, _P = 2**14, 8, 1
 
@@ -46,6 +71,13 @@ def check_password(password: str, hashed: str) -> bool:
     return hmac.compare_digest(computed, _unb64(digest))
 
 
+def generated_admin(password: str) -> Operator:
+    """The default ``admin`` made when no operator is configured. Its salt derives from its password, so
+    the hash, and with it the sessions' credentials fingerprint, stays the same across restarts."""
+    salt = hashlib.sha256(b"console-admin:" + password.encode()).digest()[:16]
+    return Operator("admin", "admin", hash_password(password, salt=salt))
+
+
 @cache
 def _dummy_hash() -> str:
     """Checked when the name is unknown, so a wrong name costs the same time as a wrong password."""
@@ -58,91 +90,63 @@ def authenticate(operators: dict[str, Operator], name: str, password: str) -> Op
     return operator if ok and operator else None
 
 
+def credentials(operator: Operator) -> str:
+    """A fingerprint of what signed the operator in (role and password hash): when either changes in the
+    configuration, sessions started before no longer match it and end."""
+    return hashlib.sha256(f"{operator.role}:{operator.password_hash}".encode()).hexdigest()
+
+
+def name_digest(secret: bytes, name: str) -> str:
+    """What the sign-in throttle keeps of a typed name: the name field may hold a mistyped password."""
+    return hmac.new(secret, b"console-sign-in-name:" + name.encode(), hashlib.sha256).hexdigest()
+
+
 @dataclass(frozen=True)
 class Session:
     csrf: str
     expires: int
     operator: str | None = None
     role: Role | None = None
+    ref: str | None = None
+    """The signed-in session's row (its id's hash); None before sign-in."""
 
     def may(self, role: Role) -> bool:
         """Admins may do everything approvers may; approvers everything viewers may."""
         return role_at_least(self.role, role)
 
 
-def new_session(operator: Operator | None = None, *, now: float | None = None) -> Session:
-    """A fresh session (and CSRF token); signing in always starts a new one."""
-    expires = int((time.time() if now is None else now) + SESSION_SECONDS)
-    return Session(
-        csrf=secrets.token_urlsafe(24),
-        expires=expires,
-        operator=operator.name if operator else None,
-        role=operator.role if operator else None,
-    )
+def new_form_session(*, now: float | None = None) -> Session:
+    """A visitor's session before sign-in: only a CSRF token for the sign-in form."""
+    return Session(csrf=secrets.token_urlsafe(24), expires=int((time.time() if now is None else now) + FORM_SECONDS))
 
 
-def encode_session(session: Session, secret: bytes) -> str:
-    body = _b64(json.dumps([session.csrf, session.expires, session.operator, session.role]).encode())
+def encode_form_session(session: Session, secret: bytes) -> str:
+    body = _b64(json.dumps([session.csrf, session.expires]).encode())
     return f"{body}.{_sign(body, secret)}"
 
 
-def decode_session(cookie: str | None, secret: bytes, *, now: float | None = None) -> Session | None:
-    """The session in a cookie this server signed, or None (missing, forged, malformed or expired)."""
+def decode_form_session(cookie: str | None, secret: bytes, *, now: float | None = None) -> Session | None:
+    """The sign-in form's session in a cookie this server signed, or None (missing, forged, malformed, expired)."""
     if not cookie or "." not in cookie:
         return None
     body, _, signature = cookie.rpartition(".")
     if not hmac.compare_digest(signature, _sign(body, secret)):
         return None
     try:
-        csrf, expires, operator, role = json.loads(_unb64(body))
+        csrf, expires = json.loads(_unb64(body))
     except (ValueError, TypeError):
         return None
-    if int(expires) < (time.time() if now is None else now) or (role is not None and role not in ROLES):
+    if int(expires) < (time.time() if now is None else now):
         return None
-    return Session(csrf=str(csrf), expires=int(expires), operator=operator, role=role)
+    return Session(csrf=str(csrf), expires=int(expires))
 
 
 def csrf_ok(session: Session | None, presented: str | None) -> bool:
     return session is not None and bool(presented) and hmac.compare_digest(session.csrf, str(presented))
 
 
-@dataclass
-class SignInLimiter:
-    """Failed sign-ins in the last ``window`` seconds: at most ``per_name`` for one operator name and
-    ``per_address`` from one client address; beyond that, sign-in is refused until failures age out."""
-
-    per_name: int = 5
-    per_address: int = 20
-    window: float = 300.0
-    _failures: dict[str, deque[float]] = field(default_factory=lambda: defaultdict(deque))
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def blocked(self, name: str, address: str, *, now: float | None = None) -> bool:
-        now = time.monotonic() if now is None else now
-        with self._lock:
-            for key, limit in ((f"name:{name}", self.per_name), (f"addr:{address}", self.per_address)):
-                failures = self._failures[key]
-                while failures and failures[0] <= now - self.window:
-                    failures.popleft()
-                if not failures:
-                    del self._failures[key]  # made-up names must not pile up
-                elif len(failures) >= limit:
-                    return True
-        return False
-
-    def failed(self, name: str, address: str, *, now: float | None = None) -> None:
-        now = time.monotonic() if now is None else now
-        with self._lock:
-            self._failures[f"name:{name}"].append(now)
-            self._failures[f"addr:{address}"].append(now)
-
-    def succeeded(self, name: str) -> None:
-        with self._lock:
-            self._failures.pop(f"name:{name}", None)
-
-
 def _sign(body: str, secret: bytes) -> str:
-    return hmac.new(secret, b"console-session:" + body.encode(), hashlib.sha256).hexdigest()
+    return hmac.new(secret, b"console-form:" + body.encode(), hashlib.sha256).hexdigest()
 
 
 def _b64(raw: bytes) -> str:

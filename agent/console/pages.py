@@ -1,10 +1,10 @@
-"""How console pages are made: templates, security headers, the session cookie, and the POST guard."""
+"""How console pages are made: templates, security headers, the session cookies, and the POST guard."""
 
 from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -16,7 +16,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from markupsafe import Markup, escape
 
-from agent.console import auth
+from agent.console import addresses, auth, sessions
 from agent.settings import Settings
 from steps.records import UnsupportedCurrencyError, format_money
 
@@ -86,18 +86,18 @@ HEADERS = {
 class ConsoleState:
     operators: dict[str, auth.Operator]
     secret: bytes
+    """Signs the sign-in form's CSRF cookie and keys the sign-in throttle's name digests."""
     secure_cookie: bool
-    limiter: auth.SignInLimiter = field(default_factory=auth.SignInLimiter)
+    trusted_proxies: tuple[addresses.Network, ...] = ()
     generated_admin: bool = False
     """No operator was configured: the one account is ``admin``, its password in the data directory."""
 
 
 def setup(app: FastAPI, settings: Settings) -> None:
-    """Load the operators (or make the default admin) and the session key; called in the server's lifespan."""
+    """Load the operators (or make the default admin) and the keys; called in the server's lifespan."""
     operators = auth.parse_operators(settings.refund_agent_operators)
     if not operators:
-        hashed = auth.hash_password(settings.console_admin_password())
-        operators = {"admin": auth.Operator("admin", "admin", hashed)}
+        operators = {"admin": auth.generated_admin(settings.console_admin_password())}
         log.warning(
             "console: no operators configured; sign in at /console as 'admin' with the password in %s",
             settings.console_admin_password_file(),
@@ -106,6 +106,7 @@ def setup(app: FastAPI, settings: Settings) -> None:
         operators,
         settings.session_secret(),
         settings.public_url.startswith("https"),
+        addresses.networks(settings.refund_agent_trusted_proxies),
         generated_admin=not settings.refund_agent_operators,
     )
 
@@ -118,26 +119,65 @@ def _state(request: Request) -> ConsoleState:
 StateDep = Annotated[ConsoleState, Depends(_state)]
 
 
+def client_address(request: Request, state: ConsoleState) -> str:
+    peer = request.client.host if request.client else None
+    return addresses.client_address(peer, request.headers.getlist("x-forwarded-for"), state.trusted_proxies)
+
+
 def _session(request: Request, state: StateDep) -> auth.Session | None:
-    return auth.decode_session(request.cookies.get(auth.SESSION_COOKIE), state.secret)
+    """The signed-in session (checked against its row and the operators configured now), else the sign-in
+    form's session, else None."""
+    session_id = request.cookies.get(auth.SESSION_COOKIE)
+    if session_id:
+        signed_in = sessions.current(session_id, state.operators, client_address(request, state))
+        if signed_in is not None:
+            return signed_in
+        request.state.console_session_ended = True  # the response clears the cookie
+    return auth.decode_form_session(request.cookies.get(auth.FORM_COOKIE), state.secret)
 
 
 SessionDep = Annotated[auth.Session | None, Depends(_session)]
 
 
-def finish(response: Response, state: ConsoleState, request: Request, session: auth.Session | None) -> Response:
+def _secure(state: ConsoleState, request: Request) -> bool:
+    return state.secure_cookie or request.url.scheme == "https"
+
+
+def finish(
+    response: Response, state: ConsoleState, request: Request, form_session: auth.Session | None = None
+) -> Response:
+    """Security headers; a new sign-in form session's cookie; the cookie of a session that ended, cleared."""
     response.headers.update(HEADERS)
-    if session is not None:
+    if form_session is not None:
         response.set_cookie(
-            auth.SESSION_COOKIE,
-            auth.encode_session(session, state.secret),
-            max_age=auth.SESSION_SECONDS,
+            auth.FORM_COOKIE,
+            auth.encode_form_session(form_session, state.secret),
+            max_age=auth.FORM_SECONDS,
             path="/console",
             httponly=True,
             samesite="lax",
-            secure=state.secure_cookie or request.url.scheme == "https",
+            secure=_secure(state, request),
         )
+    if getattr(request.state, "console_session_ended", False):
+        end_session_cookie(response)
     return response
+
+
+def start_session_cookie(response: Response, state: ConsoleState, request: Request, session_id: str) -> None:
+    response.set_cookie(
+        auth.SESSION_COOKIE,
+        session_id,
+        max_age=int(auth.SESSION_LIFETIME.total_seconds()),
+        path="/console",
+        httponly=True,
+        samesite="lax",
+        secure=_secure(state, request),
+    )
+    response.delete_cookie(auth.FORM_COOKIE, path="/console")
+
+
+def end_session_cookie(response: Response) -> None:
+    response.delete_cookie(auth.SESSION_COOKIE, path="/console", httponly=True, samesite="lax")
 
 
 def render(
@@ -148,8 +188,8 @@ def render(
     status: int = 200,
     **context: Any,
 ) -> Response:
-    fresh = session is None  # every page carries a CSRF token, so anonymous visitors get a session too
-    session = session or auth.new_session()
+    fresh = session is None  # every page carries a CSRF token, so visitors get a sign-in form session
+    session = session or auth.new_form_session()
     body = templates.get_template(template).render(session=session, **context)
     return finish(HTMLResponse(body, status_code=status), state, request, session if fresh else None)
 
@@ -160,9 +200,9 @@ def message(
     return render(request, state, session, "message.html", status, title=title, text=text)
 
 
-def to_login(request: Request) -> Response:
+def to_login(request: Request, state: ConsoleState) -> Response:
     target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-    return RedirectResponse(f"/console/login?next={quote(target)}", status_code=303)
+    return finish(RedirectResponse(f"/console/login?next={quote(target)}", status_code=303), state, request)
 
 
 def guard(

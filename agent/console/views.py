@@ -12,7 +12,7 @@ from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
 
 from agent import approvals
-from agent.console import actions, auth, data, pages
+from agent.console import actions, data, pages
 from agent.console.pages import SessionDep, StateDep
 from agent.identity import Principal
 from agent.services import Services, ServicesDep
@@ -27,71 +27,6 @@ DONE = {
     "resume": "Resumed from its last checkpoint.",
     "fork": "Forked: a new run of this refund was queued.",
 }
-
-
-@router.get("/login")
-def login_page(request: Request, state: StateDep, session: SessionDep, next: str = "/console") -> Response:
-    return pages.render(
-        request, state, session, "login.html", next=next, error=None, generated_admin=state.generated_admin
-    )
-
-
-@router.post("/login")
-def login(
-    request: Request,
-    state: StateDep,
-    session: SessionDep,
-    name: Annotated[str, Form(max_length=200)] = "",
-    password: Annotated[str, Form(max_length=1000)] = "",
-    csrf: Annotated[str | None, Form()] = None,
-    next: Annotated[str, Form(max_length=2000)] = "/console",
-) -> Response:
-    if not auth.csrf_ok(session, csrf):
-        return pages.message(
-            request, state, session, "Refused", "The form has expired; open the sign-in page again.", 403
-        )
-    address = request.client.host if request.client else "?"
-    if state.limiter.blocked(name, address):
-        log.warning("console: sign-in refused from %s: too many failures", address)
-        return pages.render(
-            request,
-            state,
-            session,
-            "login.html",
-            429,
-            next=next,
-            error="Too many attempts; wait a while.",
-            generated_admin=state.generated_admin,
-        )
-    operator = auth.authenticate(state.operators, name, password)
-    if operator is None:
-        state.limiter.failed(name, address)
-        log.warning("console: failed sign-in from %s", address)  # the name field may hold a mistyped password
-        return pages.render(
-            request,
-            state,
-            session,
-            "login.html",
-            401,
-            next=next,
-            error="Wrong name or password.",
-            generated_admin=state.generated_admin,
-        )
-    state.limiter.succeeded(name)
-    log.info("console: %s signed in (%s)", operator.name, operator.role)
-    target = next if next.startswith("/console") and not next.startswith("//") else "/console"
-    return pages.finish(RedirectResponse(target, status_code=303), state, request, auth.new_session(operator))
-
-
-@router.post("/logout")
-def logout(
-    request: Request, state: StateDep, session: SessionDep, csrf: Annotated[str | None, Form()] = None
-) -> Response:
-    if not auth.csrf_ok(session, csrf):
-        return pages.message(
-            request, state, session, "Refused", "The form has expired or is not from this console.", 403
-        )
-    return pages.finish(RedirectResponse("/console/login", status_code=303), state, request, auth.new_session())
 
 
 def _day(value: str | None) -> date | None:
@@ -114,7 +49,7 @@ def home(
     page: Annotated[int, Query(ge=1, le=10_000)] = 1,
 ) -> Response:
     if session is None or session.operator is None:
-        return pages.to_login(request)
+        return pages.to_login(request, state)
     flt = data.RefundFilter(
         status=status if status in data.STATUSES else None,
         order=(order or "").strip() or None,
@@ -143,7 +78,7 @@ def refund_page(
     refund_id: str, request: Request, state: StateDep, session: SessionDep, svc: ServicesDep, done: str | None = None
 ) -> Response:
     if session is None or session.operator is None:
-        return pages.to_login(request)
+        return pages.to_login(request, state)
     detail = data.refund_detail(svc.client, refund_id, prices=svc.settings.refund_agent_model_prices)
     if detail is None:
         return pages.message(request, state, session, "Not found", f"There is no refund {refund_id}.", 404)
@@ -186,7 +121,7 @@ def decide(
         status = 403 if error.code in ("requester", "authority") else 409
         return pages.message(request, state, session, "Not recorded", str(error), status)
     record = result.record
-    if record.decision != decision:
+    if not result.first:  # decided before (by anyone, even the same way): nothing was recorded now
         text = f"Refund {refund_id} was already decided: {record.decision} by {record.approver}."
         return pages.message(request, state, session, "Already decided", text, 409)
     log.info("console: refund %s %s by %s", refund_id, decision, session.operator)
@@ -212,7 +147,7 @@ def confirm_page(
     step: int | None = None,
 ) -> Response:
     if session is None or session.operator is None:
-        return pages.to_login(request)
+        return pages.to_login(request, state)
     if not session.may("admin"):
         return pages.message(request, state, session, "Refused", "This needs the admin role.", 403)
     context = _admin_context(svc, refund_id, action)
@@ -236,15 +171,18 @@ def admin_action(
         return refused
     assert session is not None and session.operator is not None
     operator = str(Principal("operator", session.operator))
+    address = pages.client_address(request, state)
     suffix = ""
     try:
         if action == "cancel":
-            actions.cancel(svc.client, refund_id, operator=operator)
+            actions.cancel(svc.client, refund_id, operator=operator, address=address)
         elif action == "resume":
-            actions.resume(svc.client, refund_id, operator=operator)
+            actions.resume(svc.client, refund_id, operator=operator, address=address)
         elif action == "fork":
             version = svc.settings.refund_agent_app_version
-            fork_id = actions.fork(svc.client, refund_id, step=step or 1, operator=operator, app_version=version)
+            fork_id = actions.fork(
+                svc.client, refund_id, step=step or 1, operator=operator, address=address, app_version=version
+            )
             suffix = f"&fork={quote(fork_id, safe='')}"
         else:
             return pages.message(request, state, session, "Not found", f"No action {action}.", 404)

@@ -149,6 +149,13 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Fast
     return app
 
 
+UVICORN_PROXY_OPTIONS: dict[str, Any] = {"proxy_headers": False}
+"""uvicorn would otherwise take the client's address (and scheme) from ``X-Forwarded-For`` whenever the peer
+is in its ``forwarded_allow_ips`` (127.0.0.1 by default), so anything connecting from there (a client on the
+same host, a proxy passing a client's header along) could claim any address. The console reads that header
+itself, from the configured proxies only (``REFUND_AGENT_TRUSTED_PROXIES``)."""
+
+
 def serve(settings: Settings | None = None, *, worker: bool = True) -> None:
     settings = settings or get_settings()
     # uvicorn re-raises the SIGTERM it handled once it has shut down, so the process would die of the
@@ -159,6 +166,7 @@ def serve(settings: Settings | None = None, *, worker: bool = True) -> None:
         host=settings.refund_agent_host,
         port=settings.refund_agent_port,
         log_level="info",
+        **UVICORN_PROXY_OPTIONS,
         # JSON logs: uvicorn's loggers propagate to the root handler configured by agent.ops.logs.
         log_config=None if settings.refund_agent_log_format == "json" else uvicorn.config.LOGGING_CONFIG,
     )
