@@ -90,7 +90,8 @@ def test_operator_signs_in_approves_a_pending_refund_and_watches_it_complete(
     expect(page).to_have_url(f"{server.base_url}/console/refunds/{refund_id}?done=approve")
     expect(page.locator("#notice")).to_contain_text("Approved")
     expect(page.locator("#status")).to_have_text("completed", timeout=60_000)  # the page refreshes until done
-    expect(page.locator("#decision")).to_contain_text("approve by operator:ada")
+    expect(page.locator("#decision")).to_contain_text("approve by operator:ada via console")
+    expect(page.locator("#requested-by")).to_contain_text("client:helpdesk")
     expect(page.locator("#idempotency-key")).to_have_text(f"refund:{refund_id}:ord_1002")
     provider_refund = env.sandbox.refunds("ch_ord_1002")
     assert len(provider_refund) == 1

@@ -32,12 +32,14 @@ def console(env: Env) -> Iterator[tuple[ConsoleServer, DBOSClient]]:
 
 
 def service_entries(env: Env, event: str | None = None) -> list[dict[str, Any]]:
-    """The payloads of the audit log's service-wide entries (not about one refund), oldest first."""
+    """The payloads of the audit log's service-wide entries about the console (not about one refund, nor the
+    service's API clients), oldest first."""
     engine = env.app_engine()  # the service may have stopped (and closed its own)
     try:
         with engine.connect() as conn:
             assert audit.verify(conn).ok
-            return [e.payload | {"event": e.event} for e in audit.entries(conn, "") if event in (None, e.event)]
+            console = [e for e in audit.entries(conn, "") if e.event.startswith("console_")]
+            return [e.payload | {"event": e.event} for e in console if event in (None, e.event)]
     finally:
         engine.dispose()
 
