@@ -175,7 +175,9 @@ def test_an_event_naming_another_provider_refund_changes_nothing_and_is_rejected
     assert recorded(options["workflow_id"]) == ("ignored", "not_final", refund_id)
 
     # The settlement step itself judges what it is given against the row, under the row's lock.
-    note = ProviderEvent(key="evt_direct_settle_1", source="webhook", provider_refund_id=other["id"])
+    note = ProviderEvent(
+        key="evt_direct_settle_1", source="webhook", event_type="refund.updated", provider_refund_id=other["id"]
+    )
     assert not settle_payment_step(refund_id, fetch_refund(other["id"], ""), notify=None, alert=None, event=note)
     assert recorded("evt_direct_settle_1") == ("rejected", "other_provider_refund", refund_id)
 
@@ -310,7 +312,9 @@ def test_a_refund_that_fails_after_it_succeeded_is_reversed_once_released_and_al
     svc.client.enqueue(options, refund_id, provider_refund_id, {"id": "evt_reversal_raced", "status": "failed"})
     done = wait_for(lambda: finished(svc.client, options["workflow_id"]), timeout=60, what="the raced event's run")
     assert done["status"] == "settled" and recorded("evt_reversal_raced") == ("ignored", "already_settled", refund_id)
-    note = ProviderEvent(key="evt_direct_reverse_1", source="webhook", provider_refund_id=provider_refund_id)
+    note = ProviderEvent(
+        key="evt_direct_reverse_1", source="webhook", event_type="refund.failed", provider_refund_id=provider_refund_id
+    )
     assert not reverse_payment_step(refund_id, fetch_refund(provider_refund_id, ""), alert="again", event=note)
 
     assert refunded_minor("ord_1001") == 0 and row(refund_id).status == "failed"
