@@ -418,10 +418,20 @@ class Ledger:
         """Move a pending refund to ``to`` (succeeded, failed or canceled) and queue its event, once.
 
         None when it is not pending (settled already, by the clock or by hand)."""
+        return self._move(refund_id, ("pending", "requires_action"), to, failure_reason, now=now)
+
+    def fail_succeeded(self, refund_id: str, failure_reason: str, *, now: float) -> Settled | None:
+        """Fail a refund that had succeeded, as Stripe may (the bank returned it): the charge gets the amount
+        back and a ``refund.failed`` event is queued, once. None when it is not ``succeeded``."""
+        return self._move(refund_id, ("succeeded",), "failed", failure_reason, now=now)
+
+    def _move(
+        self, refund_id: str, from_: tuple[str, ...], to: str, failure_reason: str | None, *, now: float
+    ) -> Settled | None:
         with self.engine.begin() as conn:
             moved = conn.execute(
                 sa.update(refunds)
-                .where(refunds.c.id == refund_id, refunds.c.status.in_(("pending", "requires_action")))
+                .where(refunds.c.id == refund_id, refunds.c.status.in_(from_))
                 .values(status=to, failure_reason=failure_reason if to == "failed" else None, settle_at=None)
             )
             if moved.rowcount != 1:

@@ -1,8 +1,8 @@
 """A local Stripe-compatible refunds API (the subset the agent uses) with fault injection.
 
 Serves POST/GET /v1/refunds and GET /v1/charges/{id} with Stripe's idempotency-key semantics (saved
-responses, 5xx included), charges that refuse over-refunds, refunds that settle late or fail with signed
-webhook events, plus /_sandbox admin endpoints.
+responses, 5xx included), charges that refuse over-refunds, refunds that settle late or fail (also after
+succeeding) with signed webhook events, plus /_sandbox admin endpoints.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from urllib.parse import parse_qsl
 import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from sandbox.faults import FaultInjector, Faults
+from sandbox.faults import FAILURE_REASONS, FaultInjector, Faults
 from sandbox.ledger import Charge, Claimed, Conflict, Ledger, Refund, Refused, Replay
 from sandbox.webhooks import Settler, WebhookTarget
 
@@ -358,6 +358,17 @@ def create_app(
         settler.tick()
         return retrieve_refund(refund_id)
 
+    @app.post("/_sandbox/refunds/{refund_id}/fail", dependencies=auth)
+    def fail_refund(refund_id: str, how: Reversal) -> Response:
+        """Fail a refund that succeeded (Stripe allows it: the bank returned the money), emitting its signed
+        ``refund.failed`` event (tests); 409 when it is not succeeded."""
+        if ledger.get_refund(refund_id) is None:
+            raise StripeError(404, "invalid_request_error", f"No such refund: '{refund_id}'", "id", "resource_missing")
+        if ledger.fail_succeeded(refund_id, how.failure_reason, now=clock()) is None:
+            raise StripeError(409, "invalid_request_error", f"Refund {refund_id} has not succeeded.")
+        settler.tick()
+        return retrieve_refund(refund_id)
+
     @app.put("/_sandbox/webhook", dependencies=auth)
     def put_webhook(new: WebhookSettings) -> dict[str, str | None]:
         target.url, target.secret = new.url, new.secret
@@ -390,6 +401,17 @@ class NewCharge(BaseModel):
 class Settlement(BaseModel):
     status: Literal["succeeded", "failed", "canceled"]
     failure_reason: str | None = None
+
+
+class Reversal(BaseModel):
+    failure_reason: str = "unknown"
+
+    @field_validator("failure_reason")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        if value not in FAILURE_REASONS:
+            raise ValueError(f"failure_reason must be one of {', '.join(sorted(FAILURE_REASONS))}")
+        return value
 
 
 class WebhookSettings(BaseModel):

@@ -104,9 +104,16 @@ def describe_failure(error: BaseException) -> str:
     return f"{type(error).__name__}: {code}" if code else type(error).__name__
 
 
+def charge_id_of(charge: Any) -> str | None:
+    """A refund's ``charge``: its id, or the charge object itself when expanded."""
+    found = charge if isinstance(charge, str) else getattr(charge, "id", None)
+    return found if isinstance(found, str) else None
+
+
 def _to_record(refund: stripe.Refund, key: str, *, reconciled: bool = False) -> ProviderRefund:
     currency = str(refund.currency).upper()
     headers = getattr(getattr(refund, "last_response", None), "headers", None) or {}
+    metadata = cast(dict[str, str], refund.metadata.to_dict() if refund.metadata else {})
     return ProviderRefund(
         provider_refund_id=refund.id,
         amount=from_minor(int(refund.amount), currency),
@@ -116,6 +123,8 @@ def _to_record(refund: stripe.Refund, key: str, *, reconciled: bool = False) -> 
         idempotency_key=key,
         replayed=str(headers.get("Idempotent-Replayed", "")).lower() == "true",
         reconciled=reconciled,
+        charge=charge_id_of(getattr(refund, "charge", None)),
+        metadata_key=metadata.get("idempotency_key"),
     )
 
 

@@ -130,6 +130,10 @@ class ProviderRefund(Record):
     reconciled: bool = False
     #: Stripe's reason when ``status`` is ``failed`` (e.g. ``expired_or_canceled_card``).
     failure_reason: str | None = None
+    #: The charge it refunds, and the base key its metadata carries (``metadata.idempotency_key``): what ties it
+    #: to one of our refunds. None in records from before they were read, and when the provider sent none.
+    charge: str | None = None
+    metadata_key: str | None = None
 
 
 class AuditEntry(Record):

@@ -204,6 +204,22 @@ slack_deliveries = sa.Table(
     sa.Column("received_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
 )
 
+# What the payment provider told us about a refund and what came of it (migration 0011): each verified webhook
+# event, and each re-read that settled a refund or was refused, once. /metrics counts them cluster-wide.
+provider_events = sa.Table(
+    "provider_events",
+    metadata,
+    sa.Column("event_key", sa.String(300), primary_key=True),  # Stripe's event id, or the re-read's workflow id
+    sa.Column("source", sa.String(16), nullable=False),  # webhook | recheck
+    sa.Column("event_type", sa.String(64), nullable=False),  # refund.updated, refund.failed, ... (recheck: recheck)
+    sa.Column("refund_id", sa.String(200)),  # ours, when the event named a refund we hold
+    sa.Column("provider_refund_id", sa.String(64)),  # the provider refund it named (well-formed ids only)
+    sa.Column("outcome", sa.String(16), nullable=False),  # accepted | ignored | rejected
+    sa.Column("reason", sa.String(64), nullable=False),
+    sa.Column("received_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Index("ix_provider_events_refund_id", "refund_id"),
+)
+
 
 def insert_if_absent(conn: sa.Connection | Session, table: sa.Table, values: dict[str, Any]) -> bool:
     """INSERT ... ON CONFLICT DO NOTHING; True when this call inserted the row."""

@@ -24,7 +24,7 @@ from agent.submit import submit_refund
 from sandbox.webhooks import sign
 from steps import audit
 from steps.seed import seed
-from steps.store import app_db, orders, outbox, refunds
+from steps.store import app_db, orders, outbox, provider_events, refunds
 from tests.capture import CaptureServer
 from tests.conftest import API_KEY, Env
 from tests.identities import HELPDESK
@@ -139,6 +139,51 @@ def test_pending_then_succeeded_completes_and_books_the_order_once(env: Env, rec
     assert chain_ok()
 
 
+def finished(client: DBOSClient, workflow_id: str) -> Any:
+    """The workflow's output once it succeeded (None before)."""
+    found = client.list_workflows(workflow_ids=[workflow_id], load_output=True)
+    return found[0].output if found and found[0].status == "SUCCESS" else None
+
+
+def provider_events_of(refund_id: str) -> list[Any]:
+    with app_db().engine.connect() as conn:
+        query = sa.select(provider_events).where(provider_events.c.refund_id == refund_id)
+        return list(conn.execute(query.order_by(provider_events.c.received_at)))
+
+
+def test_a_reread_that_sees_pending_leaves_the_refund_settling_books_nothing_and_checks_again(
+    env: Env, rechecking: DBOSClient
+) -> None:
+    env.sandbox.set_faults(pending_next=1, settle_after_ms=-1)  # pending until settled by hand
+    refund_id = submit(rechecking, "life-reread-0001")
+    check = f"{refund_id}/payment-check-1"
+    first = wait_for(lambda: finished(rechecking, check), timeout=90, what="the first re-read")
+    assert first == {"refund_id": refund_id, "status": "settling", "provider_status": "pending"}
+    [following] = rechecking.list_workflows(workflow_ids=[f"{refund_id}/payment-check-2"])  # it scheduled the next
+    assert following.name == "payment_check_workflow"
+    waiting = row(refund_id)
+    assert (waiting.status, waiting.provider_status, waiting.reserved_amount_minor) == ("settling", "pending", 4200)
+    assert refunded_minor("ord_1001") == 0 and messages(refund_id) == []  # nothing booked, nobody told
+    assert phase(rechecking, refund_id) == "settling"
+    settle_at_sandbox(env, waiting.provider_refund_id, "succeeded")  # no webhook here: only a re-read learns it
+    ended = until(rechecking, refund_id, "completed")
+    assert ended["outcome"]["provider_status"] == "succeeded"
+    assert refunded_minor("ord_1001") == 4200 and row(refund_id).reserved_amount_minor is None
+    checks = rechecking.list_workflows(workflow_id_prefix=f"{refund_id}/payment-check-", load_output=True)
+    [settler] = [wf for wf in checks if isinstance(wf.output, dict) and wf.output.get("status") == "completed"]
+    assert settler.workflow_id != check  # a later re-read, once the provider said succeeded
+    [(channel, body)] = messages(refund_id)
+    assert channel == "email" and "sent" in body
+    [recorded] = provider_events_of(refund_id)  # a re-read that only saw pending records nothing
+    assert (recorded.event_key, recorded.source, recorded.outcome, recorded.reason) == (
+        settler.workflow_id,
+        "recheck",
+        "accepted",
+        "succeeded",
+    )
+    assert chain_ok()
+
+
 @pytest.fixture
 def served(env: Env) -> Iterator[tuple[ThreadedServer, DBOSClient]]:
     """The service over HTTP (API + worker) with a webhook secret; re-reads far apart, so webhooks settle."""
@@ -183,11 +228,12 @@ def test_a_verified_webhook_settles_a_pending_refund(
     ended = until(client, refund_id, "completed" if final == "succeeded" else "failed", timeout=30)
     assert ended["outcome"]["provider_status"] == final
     assert refunded_minor("ord_1001") == (4200 if final == "succeeded" else 0)
-    wf_ids = {wf.workflow_id for wf in client.list_workflows(workflow_id_prefix=f"{refund_id}/payment-")}
-    assert f"{refund_id}/payment-{final}" in wf_ids  # the webhook's settlement, not a re-read
-    # The same event again (Stripe retries) settles nothing twice.
     events = httpx.get(f"{env.sandbox.base_url}/_sandbox/events", headers={"Authorization": f"Bearer {API_KEY}"})
-    payload = json.dumps({k: v for k, v in events.json()[-1].items() if k not in ("attempts", "delivered")})
+    event = {k: v for k, v in events.json()[-1].items() if k not in ("attempts", "delivered")}
+    wf_ids = {wf.workflow_id for wf in client.list_workflows(workflow_id_prefix=f"{refund_id}/payment-")}
+    assert f"{refund_id}/payment-event-{event['id']}" in wf_ids  # the webhook's settlement, not a re-read
+    # The same event again (Stripe retries) settles nothing twice.
+    payload = json.dumps(event)
     headers = {"Stripe-Signature": sign(payload, WEBHOOK_SECRET, int(time.time())), "Content-Type": JSON}
     again = httpx.post(f"{server.base_url}/webhooks/stripe", content=payload, headers=headers)
     assert again.status_code == 200 and again.json()["handled"] is False

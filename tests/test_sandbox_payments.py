@@ -521,3 +521,31 @@ def test_a_pending_refund_can_be_settled_by_hand(sandbox: Sandbox) -> None:
         ("refund.updated", refund.id, False)  # no webhook configured: kept, not sent
     ]
     assert client.v1.charges.retrieve(charge).amount_refunded == 0
+
+
+def test_a_succeeded_refund_can_fail_afterwards_with_its_signed_refund_failed_event(
+    start_sandbox: Callable[..., Sandbox], receiver: WebhookReceiver
+) -> None:
+    """Stripe lets a refund go ``succeeded`` -> ``failed`` (the bank returned it); tests make it happen by hand."""
+    secret = "whsec_sandbox_reversal"
+    sandbox = start_sandbox(webhook_url=receiver.url, webhook_secret=secret)
+    client, charge = sandbox.stripe(), sandbox.charge(amount=1000)
+    refund = client.v1.refunds.create(params={"charge": charge, "amount": 400, "metadata": {"refund_id": "r-1"}})
+    assert refund.status == "succeeded"
+    with sandbox.http() as http:
+        failed = http.post(f"/_sandbox/refunds/{refund.id}/fail", json={"failure_reason": "expired_or_canceled_card"})
+        assert failed.status_code == 200
+        assert (failed.json()["status"], failed.json()["failure_reason"]) == ("failed", "expired_or_canceled_card")
+        again = http.post(f"/_sandbox/refunds/{refund.id}/fail", json={"failure_reason": "declined"})
+        assert again.status_code == 409  # only a succeeded refund can fail afterwards, once
+        assert http.post("/_sandbox/refunds/re_missing/fail", json={}).status_code == 404
+        assert http.post(f"/_sandbox/refunds/{refund.id}/fail", json={"failure_reason": "bored"}).status_code == 422
+    [(body, signature)] = receiver.wait_for(1)
+    event = stripe.Webhook.construct_event(body, signature, secret)
+    assert event.type == "refund.failed"
+    assert (event.data.object.id, event.data.object.status) == (refund.id, "failed")
+    assert event.data.object.failure_reason == "expired_or_canceled_card"
+    assert event.data.object.metadata["refund_id"] == "r-1"
+    assert client.v1.refunds.retrieve(refund.id).status == "failed"
+    assert client.v1.charges.retrieve(charge).amount_refunded == 0  # the charge has the amount back
+    assert sandbox.stats()["refunds_failed"] == 1

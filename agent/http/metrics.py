@@ -6,7 +6,8 @@ Two kinds, so that adding processes never double-counts:
   so scrape one API process for them): refunds by outcome and by in-progress status, parked approvals
   (escalated ones, and ones past their deadline that the deadline workflow has not closed yet), the time
   approvals waited, the depth of the ``refunds`` and ``approvals`` queues in DBOS's system database, and
-  the model requests, tokens and (with a price configured) cost that deciding refunds took, by model.
+  the model requests, tokens and (with a price configured) cost that deciding refunds took, by model, and
+  what came of the payment provider's events (verified webhooks, re-reads) by source, outcome and reason.
 - **Process counters** (every process; workers serve them on ``REFUND_AGENT_METRICS_PORT``): payment
   retries, counted from DBOS's retry of the payment step.
 """
@@ -79,7 +80,7 @@ class ClusterCollector(Collector):
         self.prices = dict(prices or {})
 
     def collect(self) -> Iterator[Metric]:
-        from steps.store import approval_decisions, approval_requests, refunds
+        from steps.store import approval_decisions, approval_requests, provider_events, refunds
 
         now = datetime.now(UTC)
         undecided = approval_requests.outerjoin(
@@ -108,6 +109,12 @@ class ClusterCollector(Collector):
                 )
                 .where(refunds.c.model_requests.is_not(None))
                 .group_by(refunds.c.model)
+            ).all()
+            events = provider_events.c
+            event_counts = conn.execute(
+                sa.select(events.source, events.outcome, events.reason, sa.func.count()).group_by(
+                    events.source, events.outcome, events.reason
+                )
             ).all()
         outcomes = CounterMetricFamily(
             "refund_agent_refunds", "Refunds that reached an outcome, by outcome.", labels=["outcome"]
@@ -139,6 +146,15 @@ class ClusterCollector(Collector):
         )
         yield self._approval_waits(waits)
         yield from self._model_usage(usage)
+        provider = CounterMetricFamily(
+            "refund_agent_provider_events",
+            "What the payment provider told us about refunds (verified webhook events; re-reads that settled a refund "
+            "or were refused), by source, outcome (accepted, ignored, rejected) and reason.",
+            labels=["source", "outcome", "reason"],
+        )
+        for source, outcome, reason, count in sorted(event_counts):
+            provider.add_metric([source, outcome, reason], int(count))
+        yield provider
         depth = GaugeMetricFamily(
             "refund_agent_queue_depth", "Workflows on a queue, by queue and DBOS status.", labels=["queue", "status"]
         )
