@@ -18,6 +18,10 @@ from agent import __version__
 from steps.records import NAME_PATTERN
 
 
+class MissingSecret(Exception):
+    """A secret that must already exist (it is never generated where it is only checked against)."""
+
+
 class ModelPrice(BaseModel):
     """What a model's tokens cost, per million, in ``currency``."""
 
@@ -101,6 +105,11 @@ class Settings(BaseSettings):
     ``refund-agent hash-password``). Unset: one ``admin`` whose password is generated into the data directory."""
     refund_agent_session_secret: SecretStr | None = None
     """Signs console session cookies. Unset: generated on first start and kept in the data directory."""
+    refund_agent_audit_key: SecretStr | None = None
+    """HMAC key of the audit chain, at least 32 bytes, kept out of the database so that whoever can write the
+    database cannot rewrite the chain unnoticed. Unset: generated on first start and kept in the data directory.
+    Several hosts writing one database must share one key (set it on every host, and where ``refund-agent audit
+    verify`` runs): entries under another key do not verify."""
     dbos_conductor_key: SecretStr | None = None
     """Optional: connect to DBOS Conductor (DBOS Console); needs the ``conductor`` extra (dbos[enterprise])."""
 
@@ -238,6 +247,12 @@ class Settings(BaseSettings):
             return self.refund_agent_session_secret.get_secret_value().encode()
         return self._generated_secret("console_session.key").encode()
 
+    def audit_key(self, *, generate: bool = True) -> bytes:
+        """The audit chain's HMAC key; ``generate=False`` (checking a chain) never makes a new one."""
+        if self.refund_agent_audit_key is not None:
+            return self.refund_agent_audit_key.get_secret_value().encode()
+        return self._generated_secret("audit.key", generate=generate).encode()
+
     def console_admin_password(self) -> str:
         """The generated password of the default console admin (used only when no operator is configured)."""
         return self._generated_secret("console_admin_password")
@@ -245,9 +260,11 @@ class Settings(BaseSettings):
     def console_admin_password_file(self) -> Path:
         return self.refund_agent_data_dir.resolve() / "console_admin_password"
 
-    def _generated_secret(self, name: str) -> str:
+    def _generated_secret(self, name: str, *, generate: bool = True) -> str:
         """A random secret kept (mode 0600) in the data directory: the embedded default's convenience."""
         path = self.refund_agent_data_dir / name
+        if not generate and not path.exists():
+            raise MissingSecret(f"no {name} in {self.refund_agent_data_dir.resolve()}")
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -245,7 +245,7 @@ def run_chaos(config: ChaosConfig, *, say: Any = print) -> dict[str, Any]:
         ledger = cluster.ledger()
         stats = cluster.sandbox_stats()
         with engine.connect() as conn:
-            chain = audit.verify(conn)
+            chain = audit.verify(conn, key=settings.audit_key())
         client.destroy()
         engine.dispose()
         faults = {
