@@ -14,13 +14,16 @@ from decimal import Decimal, InvalidOperation
 from importlib.metadata import entry_points
 from typing import Any
 
-from agent.settings import MissingSecret, get_settings
+from pydantic import ValidationError
+
+from agent.settings import MissingSecret, get_settings, settings_problems
 from sandbox.webhooks import WEBHOOK_SECRET_ENV
 
 #: Entry points that add subcommands: each is ``register(subparsers)``. The tools that exercise the product
 #: from outside (``proving``: demo, chaos, eval) join the command line this way, so the product never imports them.
 COMMANDS_GROUP = "refund_agent.commands"
-#: Settings a command cannot run with (the audit key missing where the chain is checked).
+#: Settings a command cannot run with: one that does not validate (a blank or short secret), or the audit key
+#: missing where the chain is checked.
 EXIT_BAD_SETTINGS = 2
 
 
@@ -297,10 +300,24 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _refuse_settings() -> int | None:
+    """Load the settings once for the whole command; an invalid one (a blank or short secret) stops every command."""
+    try:
+        get_settings()
+    except ValidationError as error:
+        problems = "\n".join(f"  {problem}" for problem in settings_problems(error))
+        print(f"refused to start: invalid settings\n{problems}", file=sys.stderr)
+        return EXIT_BAD_SETTINGS
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = parser()
     args, rest = p.parse_known_args(argv)
+    refused = _refuse_settings()
+    if refused is not None:
+        return refused
     passthrough: Callable[[list[str]], int] | None = getattr(args, "passthrough", None)
     if passthrough is not None:  # a command with its own parser: its flags and --help pass through untouched
         return passthrough(argv[argv.index(args.command) + 1 :])

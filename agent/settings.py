@@ -11,11 +11,26 @@ from functools import cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent import __version__
 from steps.records import NAME_PATTERN
+
+#: The shortest secret of our own accepted, in bytes: as long as the ones generated (32 random bytes).
+MIN_SECRET_BYTES = 32
+#: Secrets this service shares only with itself: each is refused blank or shorter than ``MIN_SECRET_BYTES``.
+OWN_SECRETS = (
+    "refund_agent_api_token",
+    "approval_signing_secret",
+    "refund_agent_session_secret",
+    "refund_agent_audit_key",
+    "slack_signing_secret",
+    "stripe_webhook_secret",
+    "metrics_token",
+)
+#: Keys someone else issues, in whatever form they chose: each is refused blank only.
+ISSUED_KEYS = ("payments_api_key", "refund_agent_model_api_key", "slack_webhook_url", "dbos_conductor_key")
 
 
 class MissingSecret(Exception):
@@ -51,7 +66,8 @@ class Settings(BaseSettings):
     refund_agent_model_base_url: str | None = None
     """Base URL of an OpenAI-compatible server (Ollama, vLLM); the model name comes from REFUND_AGENT_MODEL."""
     refund_agent_model_api_key: SecretStr | None = None
-    """API key of the OpenAI-compatible server at ``REFUND_AGENT_MODEL_BASE_URL``."""
+    """API key of the OpenAI-compatible server at ``REFUND_AGENT_MODEL_BASE_URL``. Issued by that server, so any
+    length is accepted; blank is refused."""
     refund_agent_model_prices: dict[str, ModelPrice] = Field(default_factory=dict)
     """Per model (as labelled in the refund's record), what tokens cost, e.g.
     ``{"openai:gpt-5.2": {"input_per_million": "1.25", "output_per_million": "10.00"}}``. Unset: no cost shown."""
@@ -79,9 +95,11 @@ class Settings(BaseSettings):
     """After this long without a decision, the refund is rejected as expired (and its customer told)."""
 
     refund_agent_api_token: SecretStr | None = None
-    """Bearer token for the HTTP API. Unset: generated on first start and kept in the data directory."""
+    """Bearer token for the HTTP API, at least 32 bytes. Unset: generated on first start and kept in the data
+    directory."""
     approval_signing_secret: SecretStr | None = None
-    """HMAC key of approval links. Unset: generated on first start and kept in the data directory."""
+    """HMAC key of approval links, at least 32 bytes. Unset: generated on first start and kept in the data
+    directory."""
     refund_agent_public_url: str | None = None
     """Where approvers reach this service (used in approval links). Unset: http://HOST:PORT."""
     refund_agent_host: str = "127.0.0.1"
@@ -89,9 +107,10 @@ class Settings(BaseSettings):
     refund_agent_port: int = 8000
     """Where ``refund-agent serve`` listens."""
     slack_webhook_url: SecretStr | None = None
-    """Incoming webhook for approval requests. Unset: approval requests go to the outbox and the log."""
+    """Incoming webhook for approval requests (issued by Slack: blank is refused). Unset: approval requests go to the
+    outbox and the log."""
     slack_signing_secret: SecretStr | None = None
-    """Verifies Slack's interactive requests (Approve / Reject buttons)."""
+    """Verifies Slack's interactive requests (Approve / Reject buttons); at least 32 bytes (Slack's are 32)."""
     slack_approvers: dict[str, str] = Field(default_factory=dict)
     """Who may decide from Slack, as JSON: ``"<team id>/<user id>"`` -> console operator name, e.g.
     ``{"T0123ABC/U0456DEF": "dana"}``. A click from anyone else is refused; a decision is recorded as the
@@ -104,14 +123,36 @@ class Settings(BaseSettings):
     """Console operators as JSON, name -> "role:password-hash" (role ``approver`` or ``admin``; the hash from
     ``refund-agent hash-password``). Unset: one ``admin`` whose password is generated into the data directory."""
     refund_agent_session_secret: SecretStr | None = None
-    """Signs console session cookies. Unset: generated on first start and kept in the data directory."""
+    """Signs console session cookies, at least 32 bytes. Unset: generated on first start and kept in the data
+    directory."""
     refund_agent_audit_key: SecretStr | None = None
     """HMAC key of the audit chain, at least 32 bytes, kept out of the database so that whoever can write the
     database cannot rewrite the chain unnoticed. Unset: generated on first start and kept in the data directory.
     Several hosts writing one database must share one key (set it on every host, and where ``refund-agent audit
     verify`` runs): entries under another key do not verify."""
     dbos_conductor_key: SecretStr | None = None
-    """Optional: connect to DBOS Conductor (DBOS Console); needs the ``conductor`` extra (dbos[enterprise])."""
+    """Optional: connect to DBOS Conductor (DBOS Console); needs the ``conductor`` extra (dbos[enterprise]). Issued
+    by DBOS: blank is refused."""
+
+    @field_validator(*OWN_SECRETS)
+    @classmethod
+    def _own_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        # The messages never carry the value: they end up in terminals and logs.
+        if value is not None:
+            secret = value.get_secret_value().strip()
+            wanted = f"set at least {MIN_SECRET_BYTES} random bytes (e.g. openssl rand -hex 32)"
+            if not secret:
+                raise ValueError(f"is blank: {wanted} or leave it unset")
+            if len(secret.encode()) < MIN_SECRET_BYTES:
+                raise ValueError(f"is shorter than {MIN_SECRET_BYTES} bytes: {wanted}")
+        return value
+
+    @field_validator(*ISSUED_KEYS)
+    @classmethod
+    def _issued_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().strip():
+            raise ValueError("is blank: set the key its issuer gave you, or leave it unset")
+        return value
 
     @field_validator("slack_approvers")
     @classmethod
@@ -153,7 +194,8 @@ class Settings(BaseSettings):
     payments_api_base: str | None = None
     """Stripe-compatible API base. Unset: the local payments sandbox."""
     payments_api_key: SecretStr = SecretStr("sk_test_sandbox")
-    """Key of the Stripe-compatible API; its default is the local sandbox's test key."""
+    """Key of the Stripe-compatible API; its default is the local sandbox's test key. Issued by the provider, so any
+    length is accepted; blank is refused."""
     payments_sandbox_port: int = 12111
     """Where ``refund-agent sandbox-payments`` listens."""
     payments_key_ttl_seconds: float = 24 * 3600
@@ -161,7 +203,8 @@ class Settings(BaseSettings):
     payment_recheck_seconds: float = Field(default=900.0, gt=0)
     """How often a refund the provider has not settled (pending) is read again, webhooks or not."""
     stripe_webhook_secret: SecretStr | None = None
-    """The Stripe webhook endpoint's signing secret (``whsec_...``). Unset: generated for the sandbox."""
+    """The Stripe webhook endpoint's signing secret (``whsec_...``), at least 32 bytes. Unset: generated for the
+    sandbox."""
 
     queue_worker_concurrency: int = 4
     """Refunds a worker decides at once (the ``refunds`` queue)."""
@@ -189,7 +232,8 @@ class Settings(BaseSettings):
     refund_agent_metrics_port: int | None = None
     """``refund-agent worker`` serves Prometheus metrics on this port when set (``serve`` has ``/metrics``)."""
     metrics_token: SecretStr | None = None
-    """When set, ``/metrics`` wants ``Authorization: Bearer <token>``; unset, it is open (read-only, no ids)."""
+    """When set (at least 32 bytes), ``/metrics`` wants ``Authorization: Bearer <token>``; unset, it is open
+    (read-only, no ids)."""
     otlp_traces_endpoint: str | None = None
     """OTLP/HTTP traces endpoint (e.g. ``http://otel-collector:4318/v1/traces``): DBOS and agent spans. Unset: off."""
     otlp_logs_endpoint: str | None = None
@@ -262,17 +306,30 @@ class Settings(BaseSettings):
 
     def _generated_secret(self, name: str, *, generate: bool = True) -> str:
         """A random secret kept (mode 0600) in the data directory: the embedded default's convenience."""
+        self.refund_agent_data_dir.mkdir(parents=True, exist_ok=True)
         path = self.refund_agent_data_dir / name
-        if not generate and not path.exists():
-            raise MissingSecret(f"no {name} in {self.refund_agent_data_dir.resolve()}")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            return path.read_text().strip()  # another process made it first
-        with os.fdopen(fd, "w") as out:
-            out.write(secrets.token_urlsafe(32))
-        return path.read_text().strip()
+        if not path.exists():
+            if not generate:
+                raise MissingSecret(f"no {name} in {self.refund_agent_data_dir.resolve()}")
+            # Written whole under another name, then linked: a process starting at the same moment sees no file
+            # or the whole secret, never an empty one, and a link fails if another process linked its own first.
+            staged = path.with_name(f".{name}.{os.getpid()}.{secrets.token_hex(4)}")
+            fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(secrets.token_urlsafe(MIN_SECRET_BYTES))
+            try:
+                os.link(staged, path)
+            except FileExistsError:
+                pass  # another process made it first: its secret is the one
+            finally:
+                staged.unlink()
+        secret = path.read_text().strip()
+        if len(secret.encode()) < MIN_SECRET_BYTES:
+            raise ValueError(
+                f"{path.resolve()} holds a secret shorter than {MIN_SECRET_BYTES} bytes: remove the file to have a "
+                "new one generated"
+            )
+        return secret
 
     @property
     def public_url(self) -> str:
@@ -289,6 +346,16 @@ class Settings(BaseSettings):
     def _sqlite_url(self, name: str) -> str:
         self.refund_agent_data_dir.mkdir(parents=True, exist_ok=True)
         return f"sqlite:///{(self.refund_agent_data_dir / name).resolve()}"
+
+
+def settings_problems(error: ValidationError) -> list[str]:
+    """Each invalid setting as ``VARIABLE: what is wrong``, never with the value (it may be a secret)."""
+    problems = []
+    for problem in error.errors(include_input=False, include_url=False):
+        name, *inner = [str(part) for part in problem["loc"]] or ["settings"]
+        where = f"{name.upper()}" + "".join(f"[{part}]" for part in inner)
+        problems.append(f"{where}: {problem['msg'].removeprefix('Value error, ')}")
+    return problems
 
 
 @cache

@@ -24,6 +24,7 @@ OPERATORS = {
     "ada": f"admin:{hash_password(PASSWORDS['ada'])}",
     "bob": f"approver:{hash_password(PASSWORDS['bob'])}",
 }
+API_TOKEN = "test-api-token-at-least-32-bytes-long"
 _CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
 
@@ -33,9 +34,9 @@ class ConsoleServer(ThreadedServer):
         self.settings = env.settings(
             **overrides,
             refund_agent_operators=OPERATORS,
-            refund_agent_session_secret="test-session-secret",
-            refund_agent_api_token="test-api-token",
-            approval_signing_secret="test-signing-secret",
+            refund_agent_session_secret="test-session-secret-at-least-32-bytes-long",
+            refund_agent_api_token=API_TOKEN,
+            approval_signing_secret="test-signing-secret-at-least-32-bytes-long",
             refund_agent_port=port,
             queue_worker_concurrency=8,  # a refund parked for approval holds a worker slot while it waits
         )

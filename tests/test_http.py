@@ -27,9 +27,9 @@ from steps.store import app_db, close_app_database, open_app_database
 from tests.capture import CaptureServer
 from tests.conftest import Env
 
-TOKEN = "test-api-token"
-SECRET = b"test-signing-secret"
-SLACK_SECRET = "test-slack-secret"
+TOKEN = "test-api-token-at-least-32-bytes-long"
+SECRET = b"test-signing-secret-at-least-32-bytes-long"
+SLACK_SECRET = "test-slack-secret-at-least-32-bytes-long"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 FINAL = ("completed", "rejected", "failed", "cancelled")
 

@@ -38,10 +38,11 @@ from steps.seed import ORDERS
 from tests.conftest import BACKENDS, Env
 from tests.servers import ThreadedServer
 
-TOKEN = "test-token"
+TOKEN = "test-token-at-least-32-bytes-long"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-SIGNING_SECRET = "test-secret"
-SLACK_SECRET = "test-slack-secret"  # configured, so /slack/interactions runs its verification, not a 404
+SIGNING_SECRET = "test-secret-at-least-32-bytes-long"
+# Configured, so /slack/interactions runs its verification, not a 404.
+SLACK_SECRET = "test-slack-secret-at-least-32-bytes-long"
 
 #: Operations behind the bearer token (the refunds router); the approval routes carry their own proof.
 GUARDED = {("POST", "/refunds"), ("GET", "/refunds"), ("GET", "/refunds/{refund_id}"), ("GET", "/orders")}
