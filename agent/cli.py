@@ -16,14 +16,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from agent.settings import MissingSecret, get_settings, settings_problems
+from agent.settings import MissingSecret, UnsafeDataDirectory, get_settings, settings_problems
 from sandbox.webhooks import WEBHOOK_SECRET_ENV
 
 #: Entry points that add subcommands: each is ``register(subparsers)``. The tools that exercise the product
 #: from outside (``proving``: demo, chaos, eval) join the command line this way, so the product never imports them.
 COMMANDS_GROUP = "refund_agent.commands"
-#: Settings a command cannot run with: one that does not validate (a blank or short secret), or the audit key
-#: missing where the chain is checked.
+#: Settings a command cannot run with: one that does not validate (a blank or short secret), an unsafe data
+#: directory, or the audit key missing where the chain is checked.
 EXIT_BAD_SETTINGS = 2
 
 
@@ -301,17 +301,23 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _refuse_settings() -> int | None:
-    """Load the settings once for the whole command; an invalid one (a blank or short secret) stops every command."""
+    """Load the settings and close the data directory to others, once, before any command; a setting that does not
+    validate (a blank or short secret) or a data directory that cannot be closed stops every command."""
     try:
-        get_settings()
+        get_settings().secure_data_dir()
     except ValidationError as error:
         problems = "\n".join(f"  {problem}" for problem in settings_problems(error))
         print(f"refused to start: invalid settings\n{problems}", file=sys.stderr)
+        return EXIT_BAD_SETTINGS
+    except UnsafeDataDirectory as error:
+        print(f"refused to start: {error}", file=sys.stderr)
         return EXIT_BAD_SETTINGS
     return None
 
 
 def main(argv: list[str] | None = None) -> int:
+    # First of all: every file this process or its children create (databases, secrets, logs) is this user's alone.
+    os.umask(0o077)
     argv = sys.argv[1:] if argv is None else argv
     p = parser()
     args, rest = p.parse_known_args(argv)

@@ -6,6 +6,7 @@ import os
 import re
 import secrets
 import socket
+import stat
 from decimal import Decimal
 from functools import cache
 from pathlib import Path
@@ -33,6 +34,10 @@ OWN_SECRETS = (
 ISSUED_KEYS = ("payments_api_key", "refund_agent_model_api_key", "slack_webhook_url", "dbos_conductor_key")
 
 
+class UnsafeDataDirectory(Exception):
+    """The data directory cannot be made this user's alone."""
+
+
 class MissingSecret(Exception):
     """A secret that must already exist (it is never generated where it is only checked against)."""
 
@@ -55,7 +60,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_file=".env", extra="ignore", populate_by_name=True)
 
     refund_agent_data_dir: Path = Path(".refund-agent")
-    """Where the embedded default keeps its SQLite files."""
+    """Where the embedded default keeps its SQLite files, logs and generated secrets: this user's alone (made mode
+    0700, and its files 0600, at every start)."""
     dbos_system_database_url: str | None = None
     """DBOS system database (checkpoints). Defaults to SQLite in the data directory."""
     database_url: str | None = None
@@ -306,11 +312,11 @@ class Settings(BaseSettings):
 
     def _generated_secret(self, name: str, *, generate: bool = True) -> str:
         """A random secret kept (mode 0600) in the data directory: the embedded default's convenience."""
-        self.refund_agent_data_dir.mkdir(parents=True, exist_ok=True)
         path = self.refund_agent_data_dir / name
         if not path.exists():
             if not generate:
                 raise MissingSecret(f"no {name} in {self.refund_agent_data_dir.resolve()}")
+            self._private_dir()
             # Written whole under another name, then linked: a process starting at the same moment sees no file
             # or the whole secret, never an empty one, and a link fails if another process linked its own first.
             staged = path.with_name(f".{name}.{os.getpid()}.{secrets.token_hex(4)}")
@@ -331,6 +337,38 @@ class Settings(BaseSettings):
             )
         return secret
 
+    def _private_dir(self) -> Path:
+        self.refund_agent_data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return self.refund_agent_data_dir
+
+    def secure_data_dir(self) -> None:
+        """Make an existing data directory this user's alone: the directory 0700, its files 0600.
+
+        An earlier release left them 0755 and 0644 (another local user could read the databases, approval links
+        included). Only group and other permissions are taken away, so a file keeps its owner's execute bit, and
+        a shared directory such as /tmp (sticky bit) is refused rather than closed to everyone else.
+        """
+        directory = self.refund_agent_data_dir
+        if not directory.is_dir():
+            return
+        mode = directory.stat().st_mode
+        if mode & stat.S_ISVTX:
+            raise UnsafeDataDirectory(
+                f"{directory.resolve()} is a shared directory (sticky bit); choose one of its own for "
+                "REFUND_AGENT_DATA_DIR"
+            )
+        try:
+            _deny_others(directory, mode)
+            for entry in directory.iterdir():
+                info = entry.lstat()
+                if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid():
+                    _deny_others(entry, info.st_mode)
+        except PermissionError as error:
+            raise UnsafeDataDirectory(
+                f"cannot make {directory.resolve()} this user's alone ({error.strerror}); choose a directory this "
+                "user owns for REFUND_AGENT_DATA_DIR"
+            ) from error
+
     @property
     def public_url(self) -> str:
         return self.refund_agent_public_url or f"http://{self.refund_agent_host}:{self.refund_agent_port}"
@@ -344,8 +382,12 @@ class Settings(BaseSettings):
         return self.app_database_url.startswith("sqlite")
 
     def _sqlite_url(self, name: str) -> str:
-        self.refund_agent_data_dir.mkdir(parents=True, exist_ok=True)
-        return f"sqlite:///{(self.refund_agent_data_dir / name).resolve()}"
+        return f"sqlite:///{(self._private_dir() / name).resolve()}"
+
+
+def _deny_others(path: Path, mode: int) -> None:
+    if mode & 0o077:
+        path.chmod(stat.S_IMODE(mode) & ~0o077)
 
 
 def settings_problems(error: ValidationError) -> list[str]:
