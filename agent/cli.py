@@ -15,12 +15,17 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from agent.settings import get_settings
+from pydantic import ValidationError
+
+from agent.settings import MissingSecret, UnsafeDataDirectory, get_settings, settings_problems
 from sandbox.webhooks import WEBHOOK_SECRET_ENV
 
 #: Entry points that add subcommands: each is ``register(subparsers)``. The tools that exercise the product
 #: from outside (``proving``: demo, chaos, eval) join the command line this way, so the product never imports them.
 COMMANDS_GROUP = "refund_agent.commands"
+#: Settings a command cannot run with: one that does not validate (a blank or short secret), an unsafe data
+#: directory, or the audit key missing where the chain is checked.
+EXIT_BAD_SETTINGS = 2
 
 
 def _setup_logging(level: str = "INFO") -> None:
@@ -113,11 +118,13 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
 
 def _open() -> Any:
     from agent import runtime
+    from steps import audit
     from steps.store import open_app_database
 
     settings = get_settings()
     runtime.migrate_databases(settings)
     open_app_database(settings.app_database_url)
+    audit.use_key(settings.audit_key())  # a submission appends to the audit chain
     return runtime.client(settings)
 
 
@@ -210,12 +217,13 @@ def cmd_decide(args: argparse.Namespace) -> int:
 
 
 def cmd_clients(args: argparse.Namespace) -> int:
-    from steps import clients
+    from steps import audit, clients
     from steps.migrate import upgrade
     from steps.store import create_engine
 
     settings = get_settings()
     upgrade(settings.app_database_url)
+    audit.use_key(settings.audit_key())  # adding and revoking clients are audited
     engine = create_engine(settings.app_database_url)
     actor = str(os_principal())
     try:
@@ -243,17 +251,31 @@ def cmd_clients(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_audit(_: argparse.Namespace) -> int:
+def cmd_audit(args: argparse.Namespace) -> int:
     from steps import audit
     from steps.store import create_engine
 
-    with create_engine(get_settings().app_database_url).connect() as conn:
-        report = audit.verify(conn)
-    if report.ok:
-        print(f"audit chain intact: {report.entries} entries")
-        return 0
-    print(f"audit chain BROKEN at entry {report.first_broken_seq}: {report.problem}")
-    return 1
+    settings = get_settings()
+    try:
+        key = settings.audit_key(generate=False)  # a key made up here would only fail every keyed entry
+    except MissingSecret as missing:
+        print(f"refused: no audit key ({missing}): set REFUND_AGENT_AUDIT_KEY to the service's key", file=sys.stderr)
+        return EXIT_BAD_SETTINGS
+    with create_engine(settings.app_database_url).connect() as conn:
+        report = audit.verify(conn, key=key)
+    if not report.ok:
+        print(f"audit chain BROKEN at entry {report.first_broken_seq}: {report.problem}")
+        return 1
+    unkeyed = f"; {report.unkeyed} of them, first in the chain, from before the audit key" if report.unkeyed else ""
+    if args.max_unkeyed is not None and report.unkeyed > args.max_unkeyed:
+        # Whoever rewrites the chain without the key can only write unkeyed entries, and only as its prefix.
+        print(
+            f"audit chain NOT TRUSTED: {report.unkeyed} entries without the audit key's MAC, more than the "
+            f"{args.max_unkeyed} expected (rewritten without the key?)"
+        )
+        return 1
+    print(f"audit chain intact: {report.entries} entries{unkeyed}")
+    return 0
 
 
 def cmd_hash_password(_: argparse.Namespace) -> int:
@@ -338,7 +360,15 @@ def parser() -> argparse.ArgumentParser:
     ).set_defaults(func=cmd_hash_password)
     audit = sub.add_parser("audit", help="audit log tools")
     audit_sub = audit.add_subparsers(dest="audit_command", required=True)
-    audit_sub.add_parser("verify", help="verify the hash chain").set_defaults(func=cmd_audit)
+    verify = audit_sub.add_parser("verify", help="verify the audit chain's MACs with the audit key")
+    verify.add_argument(
+        "--max-unkeyed",
+        type=int,
+        default=None,
+        metavar="N",
+        help="fail if more than N entries predate the audit key (the count printed when it was first set up)",
+    )
+    verify.set_defaults(func=cmd_audit)
     for command in entry_points(group=COMMANDS_GROUP):
         try:
             register: Callable[[Any], None] = command.load()
@@ -350,10 +380,30 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _refuse_settings() -> int | None:
+    """Load the settings and close the data directory to others, once, before any command; a setting that does not
+    validate (a blank or short secret) or a data directory that cannot be closed stops every command."""
+    try:
+        get_settings().secure_data_dir()
+    except ValidationError as error:
+        problems = "\n".join(f"  {problem}" for problem in settings_problems(error))
+        print(f"refused to start: invalid settings\n{problems}", file=sys.stderr)
+        return EXIT_BAD_SETTINGS
+    except UnsafeDataDirectory as error:
+        print(f"refused to start: {error}", file=sys.stderr)
+        return EXIT_BAD_SETTINGS
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
+    # First of all: every file this process or its children create (databases, secrets, logs) is this user's alone.
+    os.umask(0o077)
     argv = sys.argv[1:] if argv is None else argv
     p = parser()
     args, rest = p.parse_known_args(argv)
+    refused = _refuse_settings()
+    if refused is not None:
+        return refused
     passthrough: Callable[[list[str]], int] | None = getattr(args, "passthrough", None)
     if passthrough is not None:  # a command with its own parser: its flags and --help pass through untouched
         return passthrough(argv[argv.index(args.command) + 1 :])

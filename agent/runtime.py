@@ -20,7 +20,7 @@ from agent.context import Runtime, current, install, running
 from agent.identity import approver_names
 from agent.ops import heartbeat
 from agent.settings import Settings, get_settings
-from steps import faults, notify, payments
+from steps import audit, faults, notify, payments
 from steps.store import close_app_database, create_engine, normalize_url, open_app_database
 
 log = logging.getLogger(__name__)
@@ -110,6 +110,7 @@ def start(settings: Settings | None = None, *, worker: bool = True, migrate: boo
     """Configure and launch DBOS in this process; with ``worker``, run refunds from the queue."""
     settings = settings or get_settings()
     faults.arm(settings.refund_agent_crash_at)
+    audit.use_key(settings.audit_key())  # every step that writes the book appends to the audit chain with it
     slack = settings.slack_webhook_url
     notify.configure(notify.NotifyConfig(slack.get_secret_value() if slack else None))
     payments.configure(

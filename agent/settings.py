@@ -7,16 +7,40 @@ import os
 import re
 import secrets
 import socket
+import stat
 from decimal import Decimal
 from functools import cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent import __version__
 from steps.records import NAME_PATTERN
+
+#: The shortest secret of our own accepted, in bytes: as long as the ones generated (32 random bytes).
+MIN_SECRET_BYTES = 32
+#: Secrets this service shares only with itself: each is refused blank or shorter than ``MIN_SECRET_BYTES``.
+OWN_SECRETS = (
+    "refund_agent_api_token",
+    "approval_signing_secret",
+    "refund_agent_session_secret",
+    "refund_agent_audit_key",
+    "slack_signing_secret",
+    "stripe_webhook_secret",
+    "metrics_token",
+)
+#: Keys someone else issues, in whatever form they chose: each is refused blank only.
+ISSUED_KEYS = ("payments_api_key", "refund_agent_model_api_key", "slack_webhook_url", "dbos_conductor_key")
+
+
+class UnsafeDataDirectory(Exception):
+    """The data directory cannot be made this user's alone."""
+
+
+class MissingSecret(Exception):
+    """A secret that must already exist (it is never generated where it is only checked against)."""
 
 
 class ModelPrice(BaseModel):
@@ -37,7 +61,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_file=".env", extra="ignore", populate_by_name=True)
 
     refund_agent_data_dir: Path = Path(".refund-agent")
-    """Where the embedded default keeps its SQLite files."""
+    """Where the embedded default keeps its SQLite files, logs and generated secrets: this user's alone (made mode
+    0700, and its files 0600, at every start)."""
     dbos_system_database_url: str | None = None
     """DBOS system database (checkpoints). Defaults to SQLite in the data directory."""
     database_url: str | None = None
@@ -48,7 +73,8 @@ class Settings(BaseSettings):
     refund_agent_model_base_url: str | None = None
     """Base URL of an OpenAI-compatible server (Ollama, vLLM); the model name comes from REFUND_AGENT_MODEL."""
     refund_agent_model_api_key: SecretStr | None = None
-    """API key of the OpenAI-compatible server at ``REFUND_AGENT_MODEL_BASE_URL``."""
+    """API key of the OpenAI-compatible server at ``REFUND_AGENT_MODEL_BASE_URL``. Issued by that server, so any
+    length is accepted; blank is refused."""
     refund_agent_model_prices: dict[str, ModelPrice] = Field(default_factory=dict)
     """Per model (as labelled in the refund's record), what tokens cost, e.g.
     ``{"openai:gpt-5.2": {"input_per_million": "1.25", "output_per_million": "10.00"}}``. Unset: no cost shown."""
@@ -76,9 +102,11 @@ class Settings(BaseSettings):
     """After this long without a decision, the refund is rejected as expired (and its customer told)."""
 
     refund_agent_api_token: SecretStr | None = None
-    """Bearer token for the HTTP API. Unset: generated on first start and kept in the data directory."""
+    """Bearer token for the HTTP API, at least 32 bytes. Unset: generated on first start and kept in the data
+    directory."""
     approval_signing_secret: SecretStr | None = None
-    """HMAC key of approval links. Unset: generated on first start and kept in the data directory."""
+    """HMAC key of approval links, at least 32 bytes. Unset: generated on first start and kept in the data
+    directory."""
     refund_agent_public_url: str | None = None
     """Where approvers reach this service (used in approval links). Unset: http://HOST:PORT."""
     refund_agent_host: str = "127.0.0.1"
@@ -86,9 +114,10 @@ class Settings(BaseSettings):
     refund_agent_port: int = 8000
     """Where ``refund-agent serve`` listens."""
     slack_webhook_url: SecretStr | None = None
-    """Incoming webhook for approval requests. Unset: approval requests go to the outbox and the log."""
+    """Incoming webhook for approval requests (issued by Slack: blank is refused). Unset: approval requests go to the
+    outbox and the log."""
     slack_signing_secret: SecretStr | None = None
-    """Verifies Slack's interactive requests (Approve / Reject buttons)."""
+    """Verifies Slack's interactive requests (Approve / Reject buttons); at least 32 bytes (Slack's are 32)."""
     slack_approvers: dict[str, str] = Field(default_factory=dict)
     """Who may decide from Slack, as JSON: ``"<team id>/<user id>"`` -> console operator name, e.g.
     ``{"T0123ABC/U0456DEF": "dana"}``. A click from anyone else is refused; a decision is recorded as the
@@ -103,15 +132,41 @@ class Settings(BaseSettings):
     directory. A change of an operator's role or password, or their removal, ends their console sessions."""
     refund_agent_session_secret: SecretStr | None = None
     """Signs the console's sign-in form cookie and keys its sign-in throttle (sessions themselves are rows in
-    the application database). Unset: generated on first start and kept in the data directory; processes
-    behind one address share it."""
+    the application database); at least 32 bytes. Unset: generated on first start and kept in the data
+    directory; processes behind one address share it."""
     refund_agent_trusted_proxies: list[str] = Field(default_factory=list)
     """Reverse proxies in front of the service, as a JSON list of addresses or CIDR networks, e.g.
     ``["10.0.0.0/8", "192.0.2.7"]``. Only when a request comes from one of them does the console read
     ``X-Forwarded-For``, taking the right-most address that is not a listed proxy as the client's (for its
     per-address sign-in limit and the audit log). Unset: the TCP peer is the client, whatever the headers say."""
+    refund_agent_audit_key: SecretStr | None = None
+    """HMAC key of the audit chain, at least 32 bytes, kept out of the database so that whoever can write the
+    database cannot rewrite the chain unnoticed. Unset: generated on first start and kept in the data directory.
+    Several hosts writing one database must share one key (set it on every host, and where ``refund-agent audit
+    verify`` runs): entries under another key do not verify."""
     dbos_conductor_key: SecretStr | None = None
-    """Optional: connect to DBOS Conductor (DBOS Console); needs the ``conductor`` extra (dbos[enterprise])."""
+    """Optional: connect to DBOS Conductor (DBOS Console); needs the ``conductor`` extra (dbos[enterprise]). Issued
+    by DBOS: blank is refused."""
+
+    @field_validator(*OWN_SECRETS)
+    @classmethod
+    def _own_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        # The messages never carry the value: they end up in terminals and logs.
+        if value is not None:
+            secret = value.get_secret_value().strip()
+            wanted = f"set at least {MIN_SECRET_BYTES} random bytes (e.g. openssl rand -hex 32)"
+            if not secret:
+                raise ValueError(f"is blank: {wanted} or leave it unset")
+            if len(secret.encode()) < MIN_SECRET_BYTES:
+                raise ValueError(f"is shorter than {MIN_SECRET_BYTES} bytes: {wanted}")
+        return value
+
+    @field_validator(*ISSUED_KEYS)
+    @classmethod
+    def _issued_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().strip():
+            raise ValueError("is blank: set the key its issuer gave you, or leave it unset")
+        return value
 
     @field_validator("slack_approvers")
     @classmethod
@@ -163,7 +218,8 @@ class Settings(BaseSettings):
     payments_api_base: str | None = None
     """Stripe-compatible API base. Unset: the local payments sandbox."""
     payments_api_key: SecretStr = SecretStr("sk_test_sandbox")
-    """Key of the Stripe-compatible API; its default is the local sandbox's test key."""
+    """Key of the Stripe-compatible API; its default is the local sandbox's test key. Issued by the provider, so any
+    length is accepted; blank is refused."""
     payments_sandbox_port: int = 12111
     """Where ``refund-agent sandbox-payments`` listens."""
     payments_key_ttl_seconds: float = 24 * 3600
@@ -171,7 +227,8 @@ class Settings(BaseSettings):
     payment_recheck_seconds: float = Field(default=900.0, gt=0)
     """How often a refund the provider has not settled (pending) is read again, webhooks or not."""
     stripe_webhook_secret: SecretStr | None = None
-    """The Stripe webhook endpoint's signing secret (``whsec_...``). Unset: generated for the sandbox."""
+    """The Stripe webhook endpoint's signing secret (``whsec_...``), at least 32 bytes. Unset: generated for the
+    sandbox."""
 
     queue_worker_concurrency: int = 4
     """Refunds a worker decides at once (the ``refunds`` queue)."""
@@ -199,7 +256,8 @@ class Settings(BaseSettings):
     refund_agent_metrics_port: int | None = None
     """``refund-agent worker`` serves Prometheus metrics on this port when set (``serve`` has ``/metrics``)."""
     metrics_token: SecretStr | None = None
-    """When set, ``/metrics`` wants ``Authorization: Bearer <token>``; unset, it is open (read-only, no ids)."""
+    """When set (at least 32 bytes), ``/metrics`` wants ``Authorization: Bearer <token>``; unset, it is open
+    (read-only, no ids)."""
     otlp_traces_endpoint: str | None = None
     """OTLP/HTTP traces endpoint (e.g. ``http://otel-collector:4318/v1/traces``): DBOS and agent spans. Unset: off."""
     otlp_logs_endpoint: str | None = None
@@ -257,6 +315,12 @@ class Settings(BaseSettings):
             return self.refund_agent_session_secret.get_secret_value().encode()
         return self._generated_secret("console_session.key").encode()
 
+    def audit_key(self, *, generate: bool = True) -> bytes:
+        """The audit chain's HMAC key; ``generate=False`` (checking a chain) never makes a new one."""
+        if self.refund_agent_audit_key is not None:
+            return self.refund_agent_audit_key.get_secret_value().encode()
+        return self._generated_secret("audit.key", generate=generate).encode()
+
     def console_admin_password(self) -> str:
         """The generated password of the default console admin (used only when no operator is configured)."""
         return self._generated_secret("console_admin_password")
@@ -264,17 +328,64 @@ class Settings(BaseSettings):
     def console_admin_password_file(self) -> Path:
         return self.refund_agent_data_dir.resolve() / "console_admin_password"
 
-    def _generated_secret(self, name: str) -> str:
+    def _generated_secret(self, name: str, *, generate: bool = True) -> str:
         """A random secret kept (mode 0600) in the data directory: the embedded default's convenience."""
         path = self.refund_agent_data_dir / name
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists():
+            if not generate:
+                raise MissingSecret(f"no {name} in {self.refund_agent_data_dir.resolve()}")
+            self._private_dir()
+            # Written whole under another name, then linked: a process starting at the same moment sees no file
+            # or the whole secret, never an empty one, and a link fails if another process linked its own first.
+            staged = path.with_name(f".{name}.{os.getpid()}.{secrets.token_hex(4)}")
+            fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(secrets.token_urlsafe(MIN_SECRET_BYTES))
+            try:
+                os.link(staged, path)
+            except FileExistsError:
+                pass  # another process made it first: its secret is the one
+            finally:
+                staged.unlink()
+        secret = path.read_text().strip()
+        if len(secret.encode()) < MIN_SECRET_BYTES:
+            raise ValueError(
+                f"{path.resolve()} holds a secret shorter than {MIN_SECRET_BYTES} bytes: remove the file to have a "
+                "new one generated"
+            )
+        return secret
+
+    def _private_dir(self) -> Path:
+        self.refund_agent_data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return self.refund_agent_data_dir
+
+    def secure_data_dir(self) -> None:
+        """Make an existing data directory this user's alone: the directory 0700, its files 0600.
+
+        An earlier release left them 0755 and 0644 (another local user could read the databases, approval links
+        included). Only group and other permissions are taken away, so a file keeps its owner's execute bit, and
+        a shared directory such as /tmp (sticky bit) is refused rather than closed to everyone else.
+        """
+        directory = self.refund_agent_data_dir
+        if not directory.is_dir():
+            return
+        mode = directory.stat().st_mode
+        if mode & stat.S_ISVTX:
+            raise UnsafeDataDirectory(
+                f"{directory.resolve()} is a shared directory (sticky bit); choose one of its own for "
+                "REFUND_AGENT_DATA_DIR"
+            )
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            return path.read_text().strip()  # another process made it first
-        with os.fdopen(fd, "w") as out:
-            out.write(secrets.token_urlsafe(32))
-        return path.read_text().strip()
+            _deny_others(directory, mode)
+            for entry in directory.iterdir():
+                info = entry.lstat()
+                if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid():
+                    _deny_others(entry, info.st_mode)
+        except PermissionError as error:
+            raise UnsafeDataDirectory(
+                f"cannot make {directory.resolve()} this user's alone ({error.strerror}); choose a directory this "
+                "user owns for REFUND_AGENT_DATA_DIR"
+            ) from error
 
     @property
     def public_url(self) -> str:
@@ -289,8 +400,22 @@ class Settings(BaseSettings):
         return self.app_database_url.startswith("sqlite")
 
     def _sqlite_url(self, name: str) -> str:
-        self.refund_agent_data_dir.mkdir(parents=True, exist_ok=True)
-        return f"sqlite:///{(self.refund_agent_data_dir / name).resolve()}"
+        return f"sqlite:///{(self._private_dir() / name).resolve()}"
+
+
+def _deny_others(path: Path, mode: int) -> None:
+    if mode & 0o077:
+        path.chmod(stat.S_IMODE(mode) & ~0o077)
+
+
+def settings_problems(error: ValidationError) -> list[str]:
+    """Each invalid setting as ``VARIABLE: what is wrong``, never with the value (it may be a secret)."""
+    problems = []
+    for problem in error.errors(include_input=False, include_url=False):
+        name, *inner = [str(part) for part in problem["loc"]] or ["settings"]
+        where = f"{name.upper()}" + "".join(f"[{part}]" for part in inner)
+        problems.append(f"{where}: {problem['msg'].removeprefix('Value error, ')}")
+    return problems
 
 
 @cache

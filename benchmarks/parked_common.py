@@ -35,6 +35,7 @@ from benchmarks import harness
 from benchmarks.harness import Databases
 from benchmarks.http_load import percentile
 from benchmarks.identities import BENCH_REQUESTER
+from steps import audit
 from steps.store import close_app_database, create_engine, open_app_database, utc
 
 EXECUTOR = "bench-parked"  # every worker of a run has this id: a restart is the same executor
@@ -212,6 +213,7 @@ def opened(dbs: Databases, workdir: Path) -> Iterator[tuple[Store, DBOSClient]]:
         refund_agent_data_dir=workdir / "data", dbos_system_database_url=dbs.system_url, database_url=dbs.app_url
     )
     open_app_database(settings.app_database_url)
+    audit.use_key(settings.audit_key())  # submitting appends to the audit chain, under the workers' key
     client = runtime.client(settings)
     store = Store(create_engine(dbs.system_url), create_engine(dbs.app_url))
     try:

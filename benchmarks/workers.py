@@ -71,6 +71,7 @@ def run_once(server: str, refunds: int, workers: int, concurrency: int, workdir:
     from agent.domain import RefundRequest
     from agent.settings import Settings
     from agent.submit import submit_refund
+    from steps import audit
     from steps.store import close_app_database, open_app_database
 
     with fresh_databases(server) as (system_url, app_url):
@@ -103,8 +104,11 @@ def run_once(server: str, refunds: int, workers: int, concurrency: int, workdir:
                 subprocess.run([*cli, *step], env=env, cwd=workdir, check=True, capture_output=True, timeout=120)
             start("sandbox", ["sandbox-payments", "--port", str(port)])
             wait_for(lambda: http_ok(f"http://127.0.0.1:{port}/_sandbox/healthz"), timeout=60, what="the sandbox")
-            settings = Settings(dbos_system_database_url=system_url, database_url=app_url)
+            settings = Settings(
+                refund_agent_data_dir=workdir / "data", dbos_system_database_url=system_url, database_url=app_url
+            )
             open_app_database(app_url)
+            audit.use_key(settings.audit_key())  # submitting appends to the audit chain, under the workers' key
             client = runtime.client(settings)
             ids = []
             for i in range(refunds):

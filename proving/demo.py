@@ -85,6 +85,8 @@ class Demo:
         wait_for(lambda: http_ok(f"{self.base}/_sandbox/healthz"), timeout=30, what="the payments sandbox")
         runtime.migrate_databases(self.settings)
         open_app_database(self.settings.app_database_url)
+        # The workers get the same key: from REFUND_AGENT_AUDIT_KEY, or generated into the demo's data directory here.
+        audit.use_key(self.settings.audit_key())
         seed(app_db().engine)
         client = runtime.client(self.settings)
         worker = self.start(["worker"], "worker-1.log", REFUND_AGENT_CRASH_AT="after_provider_call")

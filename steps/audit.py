@@ -1,8 +1,15 @@
-"""Hash-chained audit records: each entry commits to the one before it."""
+"""The audit chain: each entry carries an HMAC-SHA256 of its content and of the entry before it.
+
+The key is kept out of the database (``REFUND_AGENT_AUDIT_KEY``), so whoever can write the database can
+neither change an entry nor recompute the chain after it. Entries written before the chain had a key carry a
+plain SHA-256 and are accepted only as the chain's prefix: the first keyed entry's MAC covers the last of them,
+and an unkeyed entry after a keyed one is what a rewrite without the key looks like.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 from dataclasses import dataclass
 from datetime import datetime
@@ -16,11 +23,42 @@ from steps.store import audit_log, utc
 
 GENESIS = "0" * 64
 AUDIT_CHAIN_LOCK = 7_261_002
+MIN_KEY_BYTES = 32
+
+_key: bytes | None = None
 
 
-def _digest(seq: int, refund_id: str, event: str, payload: str, created_at: datetime, prev: str) -> str:
-    body = json.dumps([seq, refund_id, event, payload, utc(created_at).isoformat(), prev], separators=(",", ":"))
-    return hashlib.sha256(body.encode()).hexdigest()
+class AuditKeyMissing(RuntimeError):
+    """This process appends to the chain without a key: it would write an entry anyone could forge."""
+
+
+def use_key(key: bytes | None) -> None:
+    """The key this process appends and verifies with (``agent.runtime.start`` sets it from the settings)."""
+    global _key
+    if key is not None and len(key) < MIN_KEY_BYTES:
+        raise ValueError(f"the audit key must be at least {MIN_KEY_BYTES} bytes")
+    _key = key
+
+
+def _current_key() -> bytes:
+    if _key is None:
+        raise AuditKeyMissing("no audit key in this process: call steps.audit.use_key (agent.runtime.start does)")
+    return _key
+
+
+def _body(seq: int, refund_id: str, event: str, payload: str, created_at: datetime, prev: str) -> bytes:
+    return json.dumps(
+        [seq, refund_id, event, payload, utc(created_at).isoformat(), prev], separators=(",", ":")
+    ).encode()
+
+
+def _mac(key: bytes, body: bytes) -> str:
+    return hmac.new(key, body, hashlib.sha256).hexdigest()
+
+
+def _unkeyed(body: bytes) -> str:
+    """How entries were hashed before the chain had a key."""
+    return hashlib.sha256(body).hexdigest()
 
 
 def append(
@@ -32,7 +70,10 @@ def append(
     advisory lock (released at commit); SQLite's IMMEDIATE transactions already serialize writers.
     Take any row lock the transaction needs before appending: a transaction that holds the chain's
     lock while it waits for a row another appender has locked deadlocks with it.
+
+    Without this process's audit key (``use_key``) it raises ``AuditKeyMissing`` and writes nothing.
     """
+    key = _current_key()
     dialect = session.dialect if isinstance(session, sa.Connection) else session.get_bind().dialect
     if dialect.name == "postgresql":
         session.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": AUDIT_CHAIN_LOCK})
@@ -41,7 +82,7 @@ def append(
     ).first()
     seq, prev = (last.seq + 1, last.hash) if last else (1, GENESIS)
     text = json.dumps(payload, sort_keys=True, default=str)
-    digest = _digest(seq, refund_id, event, text, now, prev)
+    digest = _mac(key, _body(seq, refund_id, event, text, now, prev))
     session.execute(
         audit_log.insert().values(
             seq=seq,
@@ -80,19 +121,39 @@ class ChainReport:
     entries: int
     first_broken_seq: int | None = None
     problem: str = ""
+    unkeyed: int = 0
+    """Entries from before the chain had a key (plain SHA-256), all at its start."""
 
 
-def verify(conn: sa.Connection) -> ChainReport:
-    """Walk the chain from the start; report the first entry whose link or content does not check."""
-    prev, expected_seq, count = GENESIS, 1, 0
+def verify(conn: sa.Connection, *, key: bytes | None = None) -> ChainReport:
+    """Walk the chain from the start; report the first entry whose link or MAC does not check.
+
+    ``key``: the audit key; by default this process's (``use_key``).
+    """
+    key = key if key is not None else _current_key()
+    prev, expected_seq, count, unkeyed, keyed_seen = GENESIS, 1, 0, 0, False
     for row in conn.execute(sa.select(audit_log).order_by(audit_log.c.seq)):
         count += 1
         if row.seq != expected_seq:
-            return ChainReport(False, count, row.seq, f"entry {expected_seq} is missing")
+            return ChainReport(False, count, row.seq, f"entry {expected_seq} is missing", unkeyed)
         if row.prev_hash != prev:
-            return ChainReport(False, count, row.seq, "prev_hash does not match the previous entry")
-        digest = _digest(row.seq, row.refund_id, row.event, row.payload, row.created_at, row.prev_hash)
-        if digest != row.hash:
-            return ChainReport(False, count, row.seq, "content does not match its hash")
+            return ChainReport(False, count, row.seq, "prev_hash does not match the previous entry", unkeyed)
+        body = _body(row.seq, row.refund_id, row.event, row.payload, row.created_at, row.prev_hash)
+        if hmac.compare_digest(_mac(key, body), row.hash):
+            keyed_seen = True
+        elif hmac.compare_digest(_unkeyed(body), row.hash):
+            if keyed_seen:
+                return ChainReport(
+                    False, count, row.seq, "hashed without the audit key after keyed entries (rewritten?)", unkeyed
+                )
+            unkeyed += 1
+        else:
+            return ChainReport(
+                False,
+                count,
+                row.seq,
+                "content does not match its MAC (or the audit key is not the one it was written with)",
+                unkeyed,
+            )
         prev, expected_seq = row.hash, expected_seq + 1
-    return ChainReport(True, count)
+    return ChainReport(True, count, unkeyed=unkeyed)

@@ -19,6 +19,7 @@ from agent import runtime
 from agent.settings import Settings
 from sandbox.ledger import Charge
 from sandbox.payments import create_app
+from steps import audit
 from steps.seed import demo_charges, seed
 from steps.store import app_db, create_engine
 from tests.servers import ThreadedServer
@@ -156,9 +157,13 @@ class Env:
 def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
     dbs = make_databases(request.param, tmp_path)
     sandbox = SandboxServer(f"sqlite:///{tmp_path}/sandbox.sqlite")
+    env = Env(request.param, dbs, tmp_path / "data", sandbox)
+    # This process appends and verifies with the key its workers generate into the shared data directory.
+    audit.use_key(env.settings().audit_key())
     try:
-        yield Env(request.param, dbs, tmp_path / "data", sandbox)
+        yield env
     finally:
+        audit.use_key(None)
         sandbox.close()
         drop_databases(dbs)
 

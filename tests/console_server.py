@@ -25,6 +25,7 @@ from tests.servers import ThreadedServer
 PASSWORDS = {"ada": "ada-admin-pass", "bob": "bob-approver-pass", "vic": "vic-viewer-pass"}
 HASHES = {name: hash_password(password) for name, password in PASSWORDS.items()}
 OPERATORS = {"ada": f"admin:{HASHES['ada']}", "bob": f"approver:{HASHES['bob']}", "vic": f"viewer:{HASHES['vic']}"}
+API_TOKEN = "test-api-token-at-least-32-bytes-long"
 _CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
 
@@ -33,9 +34,9 @@ class ConsoleServer(ThreadedServer):
         port = free_port()
         values: dict[str, Any] = {
             "refund_agent_operators": OPERATORS if operators is None else operators,
-            "refund_agent_session_secret": "test-session-secret",
-            "refund_agent_api_token": "test-api-token",
-            "approval_signing_secret": "test-signing-secret",
+            "refund_agent_session_secret": "test-session-secret-at-least-32-bytes-long",
+            "refund_agent_api_token": API_TOKEN,
+            "approval_signing_secret": "test-signing-secret-at-least-32-bytes-long",
             "refund_agent_port": port,
             "queue_worker_concurrency": 8,  # a refund parked for approval holds a worker slot while it waits
         }

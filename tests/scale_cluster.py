@@ -17,7 +17,7 @@ from steps.seed import seed
 from steps.store import app_db, close_app_database, executor_leases, open_app_database
 from tests.conftest import Env
 
-API_TOKEN = "scale-test-token"
+API_TOKEN = "scale-test-token-at-least-32-bytes-long"
 DONE = ("SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED")
 
 

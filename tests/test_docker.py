@@ -22,7 +22,7 @@ from agent.ops.processes import free_port, wait_for
 from tests.conftest import BACKENDS, Env
 
 ROOT = Path(__file__).resolve().parents[1]
-TOKEN = "docker-entry-token"
+TOKEN = "docker-entry-token-at-least-32-bytes-long"
 
 
 def instructions() -> list[tuple[str, str]]:

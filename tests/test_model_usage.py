@@ -16,10 +16,10 @@ from agent.settings import ModelPrice, Settings
 from steps import audit
 from steps.store import app_db, refunds
 from tests.conftest import Env
+from tests.console_server import API_TOKEN as TOKEN
 from tests.console_server import console_server
 
 PRICE = {"input_per_million": "2.50", "output_per_million": "10.00", "currency": "USD"}
-TOKEN = "test-api-token"
 
 
 def _submit(http: httpx.Client, key: str, order_id: str) -> None:

@@ -373,6 +373,7 @@ class Service:
         self.sandbox = SandboxServer(f"sqlite:///{root}/sandbox.sqlite")
         self.env = Env("sqlite", make_databases("sqlite", root), root / "data", self.sandbox)
         settings_ = self.env.settings()
+        audit.use_key(settings_.audit_key())
         runtime.migrate_databases(settings_)
         open_app_database(settings_.app_database_url)
         seed(app_db().engine)

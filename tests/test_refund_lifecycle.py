@@ -31,8 +31,8 @@ from tests.identities import HELPDESK
 from tests.servers import ThreadedServer
 from tests.test_workflow import running
 
-WEBHOOK_SECRET = "whsec_lifecycle_test"
-API_TOKEN = "lifecycle-api-token"
+WEBHOOK_SECRET = "whsec_lifecycle_test_at_least_32_bytes_long"
+API_TOKEN = "lifecycle-api-token-at-least-32-bytes-long"
 JSON = "application/json"
 
 

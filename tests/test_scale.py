@@ -263,11 +263,12 @@ def test_worker_counts_payment_retries_on_its_metrics_port(env: Env, cluster: Cl
 
 @pytest.mark.parametrize("env", ["sqlite"], indirect=True)
 def test_metrics_endpoint_wants_the_token_when_one_is_set(env: Env, cluster: Cluster) -> None:
-    cluster.api(METRICS_TOKEN="scrape-secret")
+    scrape_token = "scrape-secret-at-least-32-bytes-long"
+    cluster.api(METRICS_TOKEN=scrape_token)
     assert cluster.api_url is not None
     assert httpx.get(f"{cluster.api_url}/metrics").status_code == 401
     assert httpx.get(f"{cluster.api_url}/metrics", headers={"Authorization": f"Bearer {API_TOKEN}"}).status_code == 401
-    ok = httpx.get(f"{cluster.api_url}/metrics", headers={"Authorization": "Bearer scrape-secret"})
+    ok = httpx.get(f"{cluster.api_url}/metrics", headers={"Authorization": f"Bearer {scrape_token}"})
     assert ok.status_code == 200
     assert metric(ok.text, "refund_agent_parked_approvals") == 0
 

@@ -199,6 +199,7 @@ def run_chaos(config: ChaosConfig, *, say: Any = print) -> dict[str, Any]:
     runtime.migrate_databases(settings)
     engine = create_engine(app_url)
     insert_orders(engine, plan)
+    audit.use_key(settings.audit_key())  # the approvers' client is added to the audit chain, under the cluster's key
     _, approver_key = clients.add_client(engine, name="chaos-approver", scopes=["approvals:decide"], actor="chaos")
     engine.dispose()
     cluster = Cluster(
@@ -252,7 +253,7 @@ def run_chaos(config: ChaosConfig, *, say: Any = print) -> dict[str, Any]:
         ledger = cluster.ledger()
         stats = cluster.sandbox_stats()
         with engine.connect() as conn:
-            chain = audit.verify(conn)
+            chain = audit.verify(conn, key=settings.audit_key())
         client.destroy()
         engine.dispose()
         faults = {
