@@ -61,7 +61,11 @@ class Server:
     def start(self, crash_at: str | None = None) -> None:
         extra = {"REFUND_AGENT_CRASH_AT": crash_at} if crash_at else {}
         self.proc = spawn(["serve"], env={**self.vars, **extra}, log=self.logs / "server.log")
-        wait_for(lambda: http_ok(f"{self.base}/readyz"), timeout=60, what="the server to be ready")
+        try:
+            wait_for(lambda: http_ok(f"{self.base}/readyz"), timeout=90, what="the server to be ready")
+        except TimeoutError:
+            print((self.logs / "server.log").read_text()[-5000:])
+            raise
 
     def kill(self) -> None:
         assert self.proc is not None

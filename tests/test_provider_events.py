@@ -43,7 +43,7 @@ from tests.test_refund_lifecycle import (
     until,
 )
 
-WEBHOOK_SECRET = "whsec_provider_events_test"
+WEBHOOK_SECRET = "whsec_provider_events_test_at_least_32_bytes"
 SANDBOX = {"Authorization": f"Bearer {API_KEY}"}
 
 
