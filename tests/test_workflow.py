@@ -14,13 +14,14 @@ import sqlalchemy as sa
 from dbos import DBOSClient
 
 from agent import approvals, runtime, status
-from agent.approval_workflows import decide_here
-from agent.domain import RefundRequest
+from agent.approval_workflows import EXPIRED_DETAIL, decide_here
+from agent.domain import ApprovalRecord, RefundRequest
 from agent.identity import Principal
 from agent.ops.processes import wait_for
 from agent.status import refund_status, wait_for_outcome
 from agent.submit import SubmissionError, submit_refund
 from steps import audit
+from steps.refunds import expire_approval_step, recorded_decision
 from steps.seed import seed
 from steps.store import app_db, outbox
 from tests.conftest import Env
@@ -366,10 +367,6 @@ def test_an_expiry_recorded_between_the_check_and_the_decision_stands_and_nothin
     """``approvals.decide`` reads that nothing was decided, then runs the decision workflow. If the deadline
     records the expiry in between, the decision workflow must find it and keep it (first writer wins):
     the refund stays rejected as expired and nothing is paid."""
-    from agent.approval_workflows import EXPIRED_DETAIL
-    from agent.domain import ApprovalRecord
-    from steps.refunds import expire_approval_step
-
     refund_id = submit(client, "key-expiry-race", "ord_1002")
     parked(client, refund_id)
 
@@ -389,8 +386,6 @@ def test_an_expiry_recorded_between_the_check_and_the_decision_stands_and_nothin
         )
     assert error.value.code == "expired"
     with app_db().engine.connect() as conn:
-        from steps.refunds import recorded_decision
-
         standing = recorded_decision(conn, refund_id)
     assert standing is not None and standing.decision == "expired"
     assert client.list_workflows(workflow_ids=[f"{refund_id}/settle"]) == []  # no continuation was started
