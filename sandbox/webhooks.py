@@ -46,6 +46,8 @@ class Settler:
     ) -> None:
         self.ledger, self.target, self.clock, self.interval = ledger, target, clock, interval
         self._stop = threading.Event()
+        # The background thread and the admin endpoints both tick: one at a time, or both deliver the same event.
+        self._ticking = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="sandbox-settler", daemon=True)
         self._http = httpx.Client(timeout=10)
 
@@ -65,6 +67,10 @@ class Settler:
                 logger.exception("sandbox settler tick failed")
 
     def tick(self) -> None:
+        with self._ticking:
+            self._tick()
+
+    def _tick(self) -> None:
         now = self.clock()
         for refund in self.ledger.due_settlements(now):
             assert refund.settle_to is not None
