@@ -13,12 +13,15 @@ from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from agent.settings import MissingSecret, UnsafeDataDirectory, get_settings, settings_problems
 from sandbox.webhooks import WEBHOOK_SECRET_ENV
+
+if TYPE_CHECKING:
+    from agent.identity import Principal
 
 #: Entry points that add subcommands: each is ``register(subparsers)``. The tools that exercise the product
 #: from outside (``proving``: demo, chaos, eval) join the command line this way, so the product never imports them.
@@ -128,7 +131,7 @@ def _open() -> Any:
     return runtime.client(settings)
 
 
-def os_principal() -> Any:
+def os_principal() -> Principal:
     """The command line acts as the OS user running it (``cli:<user>``): who submits, who decides."""
     import getpass
 

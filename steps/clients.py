@@ -75,25 +75,33 @@ def add_client(
     if key is not None and len(key.encode()) < 32:
         raise ClientError("a client key must be at least 32 bytes")
     key = key or KEY_PREFIX + secrets.token_urlsafe(32)
-    now = datetime.now(UTC)
-    values = {
-        "client_id": "cl_" + secrets.token_hex(8),
-        "name": name,
-        "key_hash": key_hash(key),
-        "scopes": " ".join(granted),
-        "operator": operator,
-        "created_at": now,
-    }
     try:
         with engine.begin() as conn:
-            conn.execute(api_clients.insert().values(**values))
-            payload = {"client": name, "scopes": list(granted), "operator": operator, "by": actor}
-            audit.append(conn, refund_id="", event="client_added", payload=payload, now=now)
+            _insert(conn, client_id="cl_" + secrets.token_hex(8), name=name, digest=key_hash(key), scopes=granted,
+                    operator=operator, actor=actor)  # fmt: skip
     except sa.exc.IntegrityError as error:
         raise ClientError(f"a client named {name!r} exists already (revoked clients keep their name)") from error
     with engine.connect() as conn:
         row = conn.execute(sa.select(api_clients).where(api_clients.c.name == name)).one()
     return _record(row), key
+
+
+def _insert(
+    conn: sa.Connection,
+    *,
+    client_id: str,
+    name: str,
+    digest: str,
+    scopes: tuple[Scope, ...],
+    operator: str | None,
+    actor: str,
+) -> None:
+    """The client's row and its ``client_added`` audit entry, in the caller's transaction."""
+    now = datetime.now(UTC)
+    values = {"client_id": client_id, "name": name, "key_hash": digest, "scopes": " ".join(scopes)}
+    conn.execute(api_clients.insert().values(**values, operator=operator, created_at=now))
+    payload = {"client": name, "scopes": list(scopes), "operator": operator, "by": actor}
+    audit.append(conn, refund_id="", event="client_added", payload=payload, now=now)
 
 
 def list_clients(engine: sa.Engine) -> list[ApiClient]:
@@ -150,21 +158,12 @@ def ensure_default_client(engine: sa.Engine, key: str) -> ApiClient | None:
         owner = conn.execute(sa.select(api_clients.c.name).where(api_clients.c.key_hash == digest)).scalar()
         if owner is not None:  # the token is already another client's key: it stays that client's
             return None
-        now = datetime.now(UTC)
         if row is not None:
             conn.execute(api_clients.update().where(api_clients.c.name == DEFAULT_CLIENT).values(key_hash=digest))
-            audit.append(conn, refund_id="", event="client_key_replaced", payload={"client": DEFAULT_CLIENT}, now=now)
+            payload = {"client": DEFAULT_CLIENT}
+            audit.append(conn, refund_id="", event="client_key_replaced", payload=payload, now=datetime.now(UTC))
         else:
-            values = {
-                "client_id": "cl_default",
-                "name": DEFAULT_CLIENT,
-                "key_hash": digest,
-                "scopes": " ".join(DEFAULT_SCOPES),
-                "operator": None,
-                "created_at": now,
-            }
-            conn.execute(api_clients.insert().values(**values))
-            payload = {"client": DEFAULT_CLIENT, "scopes": list(DEFAULT_SCOPES), "operator": None, "by": "service"}
-            audit.append(conn, refund_id="", event="client_added", payload=payload, now=now)
+            _insert(conn, client_id="cl_default", name=DEFAULT_CLIENT, digest=digest, scopes=DEFAULT_SCOPES,
+                    operator=None, actor="service")  # fmt: skip
         row = conn.execute(sa.select(api_clients).where(api_clients.c.name == DEFAULT_CLIENT)).one()
     return _record(row)
