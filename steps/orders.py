@@ -25,10 +25,13 @@ def order_from_row(row: Any) -> Order:
         charge_id=row.charge_id,
         items=list(row.items),
         notes=row.notes,
+        customer_email=row.email,
+        carrier=row.carrier,
+        tracking_code=row.tracking_code,
     )
 
 
-ORDER_QUERY = sa.select(orders, customers.c.name).join(customers)
+ORDER_QUERY = sa.select(orders, customers.c.name, customers.c.email).join(customers)
 
 
 @read_step("orders.load_order")

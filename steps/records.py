@@ -75,6 +75,10 @@ class Order(Record):
     charge_id: str
     items: list[str]
     notes: str = ""
+    customer_email: str = ""
+    carrier: str = ""
+    """The shipment's carrier and tracking code; empty when the order was never shipped."""
+    tracking_code: str = ""
 
     @property
     def remaining(self) -> Decimal:

@@ -48,6 +48,9 @@ orders = sa.Table(
     sa.Column("charge_id", sa.String(64), nullable=False),
     sa.Column("items", sa.JSON, nullable=False),
     sa.Column("notes", sa.Text, nullable=False, server_default=""),
+    # The shipment (migration 0012): empty for orders never shipped, or from before.
+    sa.Column("carrier", sa.String(32), nullable=False, server_default=""),
+    sa.Column("tracking_code", sa.String(64), nullable=False, server_default=""),
 )
 
 refunds = sa.Table(
@@ -82,6 +85,9 @@ refunds = sa.Table(
     # operator that client acts for, if any. Neither may decide it. NULL on refunds from before.
     sa.Column("requested_by", sa.String(200)),
     sa.Column("requester_operator", sa.String(100)),
+    # The claim as the agent categorised it and the evidence its look-ups returned (migration 0012); NULL before.
+    sa.Column("claim_category", sa.String(32)),
+    sa.Column("evidence", sa.JSON),
     # A customer's history reads the newest refunds of each order; reservations sum an order's refunds.
     sa.Index("ix_refunds_order_id_created_at", "order_id", "created_at"),
     sa.Index("ix_refunds_provider_refund_id", "provider_refund_id"),  # a provider's webhook names its refund

@@ -17,7 +17,7 @@ from agent import runtime
 from agent.ops.processes import child_env, wait_for
 from agent.status import parked, wait_for_outcome
 from steps import audit
-from steps.seed import seed
+from steps.seed import ORDERS, seed
 from steps.store import app_db, audit_log
 from tests.conftest import Env
 
@@ -137,4 +137,4 @@ def test_demo_runs_end_to_end_from_a_fresh_directory(tmp_path: Path) -> None:
 
 def test_seed_is_idempotent(env: Env, service: runtime.Runtime) -> None:
     assert seed(app_db().engine) == 0
-    assert seed(app_db().engine, reset=True) == 10
+    assert seed(app_db().engine, reset=True) == len(ORDERS)
