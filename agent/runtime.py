@@ -152,6 +152,10 @@ def start(settings: Settings | None = None, *, worker: bool = True, migrate: boo
         window_days=settings.refund_window_days,
         auto_approve_by_currency=settings.auto_approve_limits,
         absolute_cap_by_currency=settings.absolute_refund_caps,
+        customer_window_days=settings.customer_refund_window_days,
+        customer_max_refunds=settings.customer_max_refunds,
+        customer_max_amount=settings.customer_max_refund_amount,
+        customer_max_amount_by_currency=settings.customer_max_refund_amounts,
     )
     approval_settings = ApprovalSettings(
         escalate_after=settings.approval_escalate_after_seconds,

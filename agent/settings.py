@@ -95,6 +95,15 @@ class Settings(BaseSettings):
     """Per-currency overrides of ``ABSOLUTE_REFUND_CAP``, as ``AUTO_APPROVE_LIMITS`` is for ``AUTO_APPROVE_LIMIT``."""
     refund_window_days: int = 60
     """Refundable through this many whole days after payment (the last day included)."""
+    customer_refund_window_days: int = Field(default=30, ge=1)
+    """The rolling window in which one customer's refunds are counted (``CUSTOMER_MAX_REFUNDS``, ``..._AMOUNT``)."""
+    customer_max_refunds: int = Field(default=3, ge=1)
+    """More refunds than this for one customer inside the window go to a person, however small. Refused and failed
+    refunds are not counted."""
+    customer_max_refund_amount: Decimal = Field(default=Decimal("500.00"), gt=0)
+    """More money than this for one customer inside the window (in the refund's currency) goes to a person."""
+    customer_max_refund_amounts: dict[str, Decimal] = Field(default_factory=dict)
+    """Per-currency overrides of ``CUSTOMER_MAX_REFUND_AMOUNT``, e.g. ``{"JPY": "75000"}``."""
 
     approval_escalate_after_seconds: float = 4 * 3600
     """After this long without a decision, approvers get one reminder."""
