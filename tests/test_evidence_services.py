@@ -5,7 +5,7 @@ retries raises EvidenceUnavailable without the key, and inside a workflow a look
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -241,13 +241,17 @@ def test_a_service_nobody_answers_is_unavailable(configured: evidence_http.Evide
 def test_a_wrong_key_is_refused_once_and_not_retried(
     configured: evidence_http.EvidenceConfig, evidence: EvidenceServer, service: str
 ) -> None:
-    wrong = {"carrier": "carrier_api_key", "returns": "returns_api_key", "tickets": "tickets_api_token"}[service]
-    evidence_http.configure(dataclasses.replace(configured, **{wrong: "ek_wrong_key_123"}))
-    look_up = {
-        "carrier": lambda: track("ord_1001"),
-        "returns": lambda: return_status_step("ord_1014"),
-        "tickets": lambda: ticket_history_step("ada@example.com"),
-    }[service]
+    wrong = "ek_wrong_key_123"
+    looks: dict[str, tuple[evidence_http.EvidenceConfig, Callable[[], object]]] = {
+        "carrier": (dataclasses.replace(configured, carrier_api_key=wrong), lambda: track("ord_1001")),
+        "returns": (dataclasses.replace(configured, returns_api_key=wrong), lambda: return_status_step("ord_1014")),
+        "tickets": (
+            dataclasses.replace(configured, tickets_api_token=wrong),
+            lambda: ticket_history_step("ada@example.com"),
+        ),
+    }
+    config, look_up = looks[service]
+    evidence_http.configure(config)
     before = evidence.stats()[service]
     with pytest.raises(EvidenceUnavailable) as refused:
         look_up()
