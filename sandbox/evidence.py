@@ -249,7 +249,7 @@ def create_app(
     @app.get("/api/v2/search.json")
     def search(query: str = "") -> dict[str, Any]:
         terms = dict(part.partition(":")[::2] for part in query.split() if ":" in part)
-        requester = terms.get("requester", "").lower()
+        requester = terms.get("requester", "").strip('"').lower()
         with state.lock:
             users = state.data.users
             results = [
