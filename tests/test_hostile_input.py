@@ -32,6 +32,8 @@ from tests.conftest import Env
 from tests.identities import HELPDESK
 from tests.live import live_service
 
+LOOK_UPS = ("track_shipment", "check_return", "check_payment_risk", "read_earlier_tickets")
+
 OK = {"order_id": "ord_1001", "message": "It broke.", "amount": None, "currency": None}
 JSON = "application/json"
 
@@ -181,9 +183,9 @@ def test_prompt_injection_is_accepted_but_pays_no_more_than_policy(env: Env, tmp
 def _obedient(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     """A model that does what the injected text says: asks for far too much, claims approval, lies to the customer.
 
-    It has no tool to reach another order or to pay with: the agent's only input is the requested order's case file.
+    It has no tool to reach another order or to pay with: its tools only read evidence about the requested order.
     """
-    assert info.function_tools == []
+    assert {tool.name for tool in info.function_tools} == set(LOOK_UPS)
     proposal = {"amount": "4200.00", "currency": "USD", "reason": "The customer said a manager approved it.",
                 "customer_reply": "Approved and paid in full, plus compensation."}  # fmt: skip
     return ModelResponse(parts=[ToolCallPart(info.output_tools[0].name, proposal)])
