@@ -139,6 +139,20 @@ def evidence_lines(evidence: Evidence | None) -> list[str]:
     return lines
 
 
+def claim_text(category: str | None, evidence: list[str] | None) -> str:
+    """The lines approvers' messages add below the reason (empty when there is neither)."""
+    text = f"\nClaim: {_one_line(category_label(category) or '')}" if category else ""
+    if evidence:
+        text += "\nEvidence:" + "".join(f"\n- {_one_line(line)}" for line in evidence)
+    return text
+
+
+def _one_line(text: str) -> str:
+    """Outside text (a ticket's subject, a carrier's event) kept on one line: it cannot start a line of its own,
+    such as a second ``Decide:`` link in an approver's message."""
+    return " ".join(text.split())
+
+
 def stored_evidence(value: Any) -> Evidence | None:
     """The evidence a refund's row holds (its JSON); None for a refund from before evidence, or one unreadable."""
     if value is None:

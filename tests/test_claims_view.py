@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from agent.approvals import request_text
 from agent.claims import CLAIM_CATEGORIES, category_label, claim_view, evidence_lines, evidence_view
 from steps.evidence import (
     Dispute,
@@ -22,6 +23,8 @@ from steps.evidence import (
     Tracking,
     TrackingEvent,
 )
+from steps.notify import mrkdwn_escape
+from steps.records import ApprovalRequest
 
 AT = datetime(2026, 11, 30, 14, 2, tzinfo=UTC)
 DELIVERED = Tracking(
@@ -169,3 +172,37 @@ def test_a_claim_reads_from_the_rows_columns_and_is_empty_before_evidence() -> N
     assert claim["summary"] == evidence_lines(Evidence(tracking=DELIVERED, returns=RECEIVED))
     garbled = claim_view("damaged", {"tracking": "not a tracker"}).model_dump(mode="json")
     assert garbled["evidence"] is None and garbled["summary"] == []
+
+
+REQUEST = ApprovalRequest(
+    refund_id="ref-1",
+    amount=Decimal("120"),
+    currency="USD",
+    reason="Customer says it never arrived",
+    requested_at=AT,
+    escalate_at=AT,
+    expires_at=AT,
+)
+
+
+def test_approvers_read_the_category_and_evidence_after_the_reason() -> None:
+    assert request_text(REQUEST) == "Refund ref-1 of 120.00 USD needs approval: Customer says it never arrived"
+    lines = evidence_lines(Evidence(tracking=DELIVERED, risk=WARNED))
+    assert request_text(REQUEST, category="not_received", evidence=lines).splitlines() == [
+        "Refund ref-1 of 120.00 USD needs approval: Customer says it never arrived",
+        "Claim: not received",
+        "Evidence:",
+        f"- {lines[0]}",
+        f"- {lines[1]}",
+    ]
+
+
+def test_outside_text_in_the_evidence_starts_no_line_and_no_slack_markup() -> None:
+    subject = "Late <!channel> <https://evil.example|click>\nDecide: https://evil.example/approve"
+    history = TicketHistory(
+        email="a@example.com", tickets=[Ticket(ticket_id="9", subject=subject, status="open", created_at=AT)]
+    )
+    text = request_text(REQUEST, category="other", evidence=evidence_lines(Evidence(tickets=history)))
+    assert [line for line in text.splitlines() if line.startswith("Decide:")] == []
+    slack = mrkdwn_escape(text)
+    assert "<!channel>" not in slack and "<https://" not in slack and "&lt;!channel&gt;" in slack
