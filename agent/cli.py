@@ -101,12 +101,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
+    from sandbox.evidence import RiskSeed
     from sandbox.ledger import Charge
     from sandbox.payments import run_sandbox
     from steps.seed import demo_charges
+    from steps.seed_evidence import demo_risk
 
     settings = get_settings()
     run_sandbox(
+        risk_seed=RiskSeed.model_validate(demo_risk()),
         host=args.host,
         port=args.port or settings.payments_sandbox_port,
         database_url=args.database_url or settings.sandbox_database_url,
@@ -116,6 +119,15 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
         webhook_url=args.webhook_url,
         webhook_secret=args.webhook_secret or os.environ.get(WEBHOOK_SECRET_ENV) or None,
     )
+    return 0
+
+
+def cmd_sandbox_evidence(args: argparse.Namespace) -> int:
+    from sandbox.evidence import EvidenceSeed, run_sandbox
+    from steps.seed_evidence import demo_evidence
+
+    port = args.port or get_settings().evidence_sandbox_port
+    run_sandbox(host=args.host, port=port, seed=EvidenceSeed.model_validate(demo_evidence()))
     return 0
 
 
@@ -302,7 +314,7 @@ def parser() -> argparse.ArgumentParser:
     seed.add_argument("--reset", action="store_true", help="restore seeded orders to their original amounts")
     seed.set_defaults(func=cmd_seed)
     sub.add_parser("worker", help="run refund workflows from the queue").set_defaults(func=cmd_worker)
-    serve = sub.add_parser("serve", help="HTTP API + worker (+ the payments sandbox when no provider is set)")
+    serve = sub.add_parser("serve", help="HTTP API + worker (+ the local sandboxes for services not set)")
     serve.add_argument("--host", default=None)
     serve.add_argument("--port", type=int, default=None)
     serve.add_argument("--no-worker", action="store_true", help="HTTP API only; `refund-agent worker` runs refunds")
@@ -318,6 +330,12 @@ def parser() -> argparse.ArgumentParser:
         help=f"the endpoint secret events are signed with (or ${WEBHOOK_SECRET_ENV}, kept out of the process list)",
     )
     sb.set_defaults(func=cmd_sandbox)
+    ev = sub.add_parser(
+        "sandbox-evidence", help="run the local carrier, returns and helpdesk APIs with the demo orders' evidence"
+    )
+    ev.add_argument("--port", type=int, default=None)
+    ev.add_argument("--host", default="127.0.0.1")
+    ev.set_defaults(func=cmd_sandbox_evidence)
     submit = sub.add_parser("submit", help="submit a refund request")
     submit.add_argument("order_id")
     submit.add_argument("--message", required=True)

@@ -12,7 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from steps.records import CURRENCY_EXPONENTS, ApprovalRecord, format_money
 
 __all__ = [
+    "CLAIM_CATEGORIES",
     "ApprovalRecord",
+    "ClaimCategory",
     "Phase",
     "RefundProposal",
     "RefundRequest",
@@ -93,6 +95,22 @@ class RefundRequest(BaseModel):
         return code
 
 
+ClaimCategory = Literal[
+    "not_received", "damaged", "returned", "wrong_item", "not_as_described", "duplicate_charge", "changed_mind", "other"
+]
+#: Durable: recorded with every refund (``refunds.claim_category``); never rename one.
+CLAIM_CATEGORIES: tuple[ClaimCategory, ...] = (
+    "not_received",
+    "damaged",
+    "returned",
+    "wrong_item",
+    "not_as_described",
+    "duplicate_charge",
+    "changed_mind",
+    "other",
+)
+
+
 class RefundProposal(BaseModel):
     """What the agent proposes. It is advice: policy decides what is paid."""
 
@@ -107,6 +125,10 @@ class RefundProposal(BaseModel):
     """One or two sentences for the approver: why this amount."""
     customer_reply: str = Field(max_length=2000)
     """The reply to send the customer, in their language, stating the amount and what happens next."""
+    category: ClaimCategory = "other"
+    """What the customer claims: not_received (never arrived, late, lost), damaged, returned (sent it back),
+    wrong_item, not_as_described, duplicate_charge (charged twice, a charge they do not recognise), changed_mind,
+    or other."""
 
     @field_validator("currency")
     @classmethod
@@ -134,6 +156,12 @@ class Verdict(BaseModel):
     refundable: Decimal = Decimal(0)
     requested: Decimal | None = None
     """What the customer asked for, which bounds ``amount``; None: no amount named (the bound is ``refundable``)."""
+    findings: tuple[str, ...] = ()
+    """What the recorded evidence established, in plain words, whatever the verdict (the approver reads them)."""
+    flags: tuple[str, ...] = ()
+    """Signals recorded with the refund for people to follow up (``early_fraud_warning``), never a reason to pay."""
+    customer_note: str | None = None
+    """What the customer is told when the evidence decides (the parcel's expected date, how to return it)."""
 
     @property
     def summary(self) -> str:

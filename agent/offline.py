@@ -17,6 +17,8 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
+from sandbox.claims import classify, tools_for
+
 OFFLINE_MODEL_NAME = "offline model"
 
 _ORDER = re.compile(r"Refund request for order (\S+)\.")
@@ -75,35 +77,75 @@ def _reply(verdict: dict[str, Any], amount: str, currency: str) -> str:
             f"Thank you. Your refund of {amount} {currency} needs a quick review by our team; "
             "we will get back to you within 3 days."
         )
+    if kind == "wait":
+        return (
+            "Thank you. We cannot refund this yet: what we can see says it is still on its way. "
+            "We will let you know what happens next."
+        )
     reasons = "; ".join(verdict.get("reasons", [])) or "it is outside our refund policy"
     return f"We are sorry, but we cannot refund this order: {reasons}."
 
 
 def offline_model_function(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-    """One answer from the case file in the prompt; with the look-up tools (agent.legacy), their sequence."""
+    """From the case file in the prompt: the look-ups the claim's category needs (all in one response), then one
+    answer; with the look-up tools of refunds started before the case file (agent.legacy), their sequence."""
     if any(tool.name == "get_order" for tool in info.function_tools):
         return _legacy_function(messages, info)
     prompt = _prompt(messages)
     order_id = _first_group(_ORDER, prompt)
     case = json.loads(_first_group(_CASE, prompt) or "{}")
+    message = _first_group(_MESSAGE, prompt)
     currency = case.get("currency") or "USD"
     refundable = Decimal(case.get("refundable_now") or "0")
     blockers = list(case.get("blockers") or [])
+    category = classify(message)
+    returns = _returns(messages)
     if blockers or refundable <= 0:
         amount = "0"
         verdict: dict[str, Any] = {"verdict": "refuse", "reasons": blockers or ["nothing is refundable"]}
+        return _proposal(info, order_id, amount, currency, verdict, category)
+    wanted_tools = [name for name in tools_for(message) if name not in returns]
+    if wanted_tools and not returns:  # look first, every look-up at once: one more model request in all
+        calls = [ToolCallPart(name, {"order_id": order_id}) for name in wanted_tools]
+        return ModelResponse(parts=list(calls), model_name=OFFLINE_MODEL_NAME)
+    asked = _first_group(_ASKED, prompt)
+    wanted = Decimal(asked) if asked else _amount_from_text(message, refundable)
+    received = _received(returns.get("check_return"))
+    if received is not None:
+        wanted = min(wanted, received)
+    amount = str(wanted)
+    if wanted > refundable:
+        verdict = {"verdict": "refuse", "reasons": [f"at most {refundable} {currency} can be refunded"]}
+    elif _evidence_waits(returns) or wanted <= 0:
+        verdict = {"verdict": "wait"}
+    elif wanted > Decimal(case.get("paid_without_review_up_to") or "0") or _evidence_disputes(returns):
+        verdict = {"verdict": "needs_approval"}
     else:
-        asked = _first_group(_ASKED, prompt)
-        message = _first_group(_MESSAGE, prompt)
-        wanted = Decimal(asked) if asked else _amount_from_text(message, refundable)
-        amount = str(wanted)
-        if wanted > refundable:
-            verdict = {"verdict": "refuse", "reasons": [f"at most {refundable} {currency} can be refunded"]}
-        elif wanted > Decimal(case.get("paid_without_review_up_to") or "0"):
-            verdict = {"verdict": "needs_approval"}
-        else:
-            verdict = {"verdict": "auto_approve"}
-    return _proposal(info, order_id, amount, currency, verdict)
+        verdict = {"verdict": "auto_approve"}
+    return _proposal(info, order_id, amount, currency, verdict, category)
+
+
+def _received(found: Any) -> Decimal | None:
+    """What the warehouse received on the order's return, when it received anything."""
+    if not isinstance(found, dict) or found.get("status") not in ("received", "inspected"):
+        return None
+    return sum((Decimal(str(line["amount"])) for line in found.get("lines", []) if line.get("received")), Decimal(0))
+
+
+def _evidence_waits(returns: dict[str, Any]) -> bool:
+    """The evidence says not yet: the parcel is on its way, or nothing came back to the warehouse."""
+    tracking, back = returns.get("track_shipment"), returns.get("check_return")
+    moving = isinstance(tracking, dict) and tracking.get("status") in ("pre_transit", "in_transit", "out_for_delivery")
+    waiting = isinstance(back, dict) and back.get("status") in ("none", "label_created", "in_transit")
+    return moving or waiting
+
+
+def _evidence_disputes(returns: dict[str, Any]) -> bool:
+    """The evidence contradicts the claim, or could not be read: a person looks."""
+    tracking = returns.get("track_shipment")
+    delivered = isinstance(tracking, dict) and tracking.get("status") == "delivered"
+    failed = any(isinstance(found, dict) and "error" in found for found in returns.values())
+    return delivered or failed
 
 
 def _legacy_function(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -130,8 +172,11 @@ def _legacy_function(messages: list[ModelMessage], info: AgentInfo) -> ModelResp
     return _proposal(info, order_id, amount, currency, verdict)
 
 
-def _proposal(info: AgentInfo, order_id: str, amount: str, currency: str, verdict: dict[str, Any]) -> ModelResponse:
+def _proposal(
+    info: AgentInfo, order_id: str, amount: str, currency: str, verdict: dict[str, Any], category: str = "other"
+) -> ModelResponse:
     output = {
+        "category": category,
         "amount": amount,
         "currency": currency,
         "reason": f"Offline model: customer asked about order {order_id}; proposing {amount} {currency} "

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 
-from agent.domain import Verdict, VerdictKind
-from steps.records import CURRENCY_EXPONENTS, Order, format_money, quantize
+from agent import evidence_policy
+from agent.domain import ClaimCategory, Verdict, VerdictKind
+from steps.evidence import Evidence
+from steps.records import CURRENCY_EXPONENTS, Order, PastRefund, format_money, quantize
 
 ZERO = Decimal(0)
 
@@ -20,12 +22,38 @@ class Limits:
     window_days: int
     auto_approve_by_currency: Mapping[str, Decimal] = field(default_factory=dict)
     absolute_cap_by_currency: Mapping[str, Decimal] = field(default_factory=dict)
+    customer_window_days: int = 30
+    """The rolling window in which one customer's refunds are counted."""
+    customer_max_refunds: int = 3
+    """More refunds than this for one customer inside the window: a person decides, however small."""
+    customer_max_amount: Decimal = Decimal("500.00")
+    """More money than this (in the refund's currency) for one customer inside the window: a person decides."""
+    customer_max_amount_by_currency: Mapping[str, Decimal] = field(default_factory=dict)
 
     def auto_approve_for(self, currency: str) -> Decimal:
         return self.auto_approve_by_currency.get(currency, self.auto_approve)
 
     def absolute_cap_for(self, currency: str) -> Decimal:
         return self.absolute_cap_by_currency.get(currency, self.absolute_cap)
+
+    def customer_max_amount_for(self, currency: str) -> Decimal:
+        return self.customer_max_amount_by_currency.get(currency, self.customer_max_amount)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What the refund claims and what was found about it: the agent's category, the look-ups' step outputs and
+    the customer's earlier refunds as the case file's step read them."""
+
+    category: ClaimCategory = "other"
+    evidence: Evidence = field(default_factory=Evidence)
+    history: Sequence[PastRefund] = ()
+    refund_id: str = ""
+    """This refund, left out of its customer's history."""
+
+
+#: Refunds that paid nothing and never will: not counted against a customer.
+_ENDED_UNPAID = frozenset({"rejected", "failed", "cancelled"})
 
 
 def days_since_payment(paid_at: datetime, as_of: datetime) -> int:
@@ -62,6 +90,22 @@ def blockers(order: Order, as_of: datetime, window_days: int) -> list[str]:
 
 
 def decide(
+    *,
+    amount: Decimal,
+    currency: str,
+    order: Order,
+    as_of: datetime,
+    limits: Limits,
+    requested: Decimal | None = None,
+    claim: Claim | None = None,
+) -> Verdict:
+    """Pay now, ask a person, or refuse: the money rules (``_decide``), then what the claim's recorded evidence and
+    the customer's recent refunds say (None: judged on the money rules alone, as refunds before evidence were)."""
+    verdict = _decide(amount=amount, currency=currency, order=order, as_of=as_of, limits=limits, requested=requested)
+    return verdict if claim is None else _with_claim(verdict, claim, order, as_of, limits)
+
+
+def _decide(
     *,
     amount: Decimal,
     currency: str,
@@ -136,3 +180,51 @@ def _judge(amount: Decimal, currency: str, order: Order, as_of: datetime, limits
             refundable=room,
         )
     return Verdict(kind="auto_approve", amount=amount, currency=currency, refundable=room)
+
+
+def _with_claim(verdict: Verdict, claim: Claim, order: Order, as_of: datetime, limits: Limits) -> Verdict:
+    """The evidence can only lower what is paid or hand it to a person, never raise it: a refusal stands."""
+    found = evidence_policy.judge(claim.category, claim.evidence, order, as_of)
+    verdict = verdict.model_copy(update={"findings": found.facts, "flags": found.flags})
+    if verdict.kind == "refuse":
+        return verdict
+    if found.kind in ("refuse", "wait"):
+        return verdict.model_copy(
+            update={"kind": "refuse", "reasons": found.reasons, "customer_note": found.customer_note}
+        )
+    if found.bound is not None and verdict.amount > found.bound:
+        bound = f"limited to the lines the warehouse received: {_money(found.bound, order.currency)}"
+        judged = _judge(found.bound, verdict.currency, order, as_of, limits)
+        verdict = verdict.model_copy(
+            update={"kind": judged.kind, "amount": found.bound, "reasons": (bound, *judged.reasons)}
+        )
+        if verdict.kind == "refuse":
+            return verdict
+    if found.kind == "person":
+        reasons = (*found.reasons, *(r for r in verdict.reasons if verdict.kind == "needs_approval"))
+        return verdict.model_copy(update={"kind": "needs_approval", "reasons": reasons})
+    if verdict.kind == "auto_approve":
+        serial = _serial_claimant(verdict, claim, as_of, limits)
+        if serial:
+            return verdict.model_copy(update={"kind": "needs_approval", "reasons": (serial,)})
+    return verdict
+
+
+def _serial_claimant(verdict: Verdict, claim: Claim, as_of: datetime, limits: Limits) -> str | None:
+    """Why one customer's refunds inside the rolling window need a person's eye, or None."""
+    since = as_of - timedelta(days=limits.customer_window_days)
+    recent = [
+        h
+        for h in claim.history
+        if h.refund_id != claim.refund_id and h.created_at >= since and h.status not in _ENDED_UNPAID
+    ]
+    window = f"in the last {limits.customer_window_days} days"
+    if len(recent) + 1 > limits.customer_max_refunds:
+        limit = limits.customer_max_refunds
+        return f"this would be the customer's refund number {len(recent) + 1} {window} (at most {limit} without review)"
+    spent = sum((h.amount for h in recent if h.currency == verdict.currency), Decimal(0))
+    cap = limits.customer_max_amount_for(verdict.currency)
+    if spent + verdict.amount > cap:
+        total = _money(spent + verdict.amount, verdict.currency)
+        return f"the customer's refunds {window} would total {total}, above {_money(cap, verdict.currency)}"
+    return None

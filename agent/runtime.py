@@ -20,7 +20,7 @@ from agent.context import Runtime, current, install, running
 from agent.identity import approver_names
 from agent.ops import heartbeat
 from agent.settings import Settings, get_settings
-from steps import audit, faults, notify, payments
+from steps import audit, evidence, faults, notify, payments
 from steps.store import close_app_database, create_engine, normalize_url, open_app_database
 
 log = logging.getLogger(__name__)
@@ -98,6 +98,23 @@ def dbos_config(settings: Settings) -> DBOSConfig:
     return config
 
 
+def evidence_config(settings: Settings) -> evidence.EvidenceConfig:
+    """Where the evidence steps look (an unset base URL: the local evidence sandbox) and with which keys."""
+    return evidence.EvidenceConfig(
+        carrier_base_url=settings.evidence_base_url(settings.carrier_api_base),
+        carrier_api_key=settings.carrier_api_key.get_secret_value(),
+        returns_base_url=settings.evidence_base_url(settings.returns_api_base),
+        returns_api_key=settings.returns_api_key.get_secret_value(),
+        tickets_base_url=settings.evidence_base_url(settings.tickets_api_base),
+        tickets_email=settings.tickets_api_email,
+        tickets_api_token=settings.tickets_api_token.get_secret_value(),
+        stripe_base_url=settings.payments_base_url,
+        stripe_api_key=settings.payments_api_key.get_secret_value(),
+        attempts=settings.evidence_attempts,
+        timeout_seconds=settings.evidence_timeout_seconds,
+    )
+
+
 def migrate_databases(settings: Settings) -> None:
     """Create or migrate both databases: DBOS's system tables and the application schema (Alembic)."""
     from steps.migrate import upgrade
@@ -120,6 +137,7 @@ def start(settings: Settings | None = None, *, worker: bool = True, migrate: boo
             key_ttl_seconds=settings.payments_key_ttl_seconds,
         )
     )
+    evidence.configure(evidence_config(settings))
     if migrate:
         migrate_databases(settings)
     if settings.otlp_traces_endpoint:
@@ -152,6 +170,10 @@ def start(settings: Settings | None = None, *, worker: bool = True, migrate: boo
         window_days=settings.refund_window_days,
         auto_approve_by_currency=settings.auto_approve_limits,
         absolute_cap_by_currency=settings.absolute_refund_caps,
+        customer_window_days=settings.customer_refund_window_days,
+        customer_max_refunds=settings.customer_max_refunds,
+        customer_max_amount=settings.customer_max_refund_amount,
+        customer_max_amount_by_currency=settings.customer_max_refund_amounts,
     )
     approval_settings = ApprovalSettings(
         escalate_after=settings.approval_escalate_after_seconds,

@@ -13,7 +13,7 @@ from functools import cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent import __version__
@@ -32,7 +32,24 @@ OWN_SECRETS = (
     "metrics_token",
 )
 #: Keys someone else issues, in whatever form they chose: each is refused blank only.
-ISSUED_KEYS = ("payments_api_key", "refund_agent_model_api_key", "slack_webhook_url", "dbos_conductor_key")
+ISSUED_KEYS = (
+    "payments_api_key",
+    "refund_agent_model_api_key",
+    "slack_webhook_url",
+    "dbos_conductor_key",
+    "carrier_api_key",
+    "returns_api_key",
+    "tickets_api_token",
+)
+#: Each evidence service's base URL setting and the key its issuer gives (a real base URL needs a real key).
+EVIDENCE_KEYS = {
+    "carrier_api_base": ("carrier_api_key",),
+    "returns_api_base": ("returns_api_key",),
+    "tickets_api_base": ("tickets_api_email", "tickets_api_token"),
+}
+#: What the local evidence sandbox accepts, and the keys' defaults (never sent anywhere else).
+SANDBOX_EVIDENCE_KEY = "sandbox_evidence_key"
+SANDBOX_TICKETS_EMAIL = "sandbox@example.com"
 
 
 class UnsafeDataDirectory(Exception):
@@ -95,6 +112,15 @@ class Settings(BaseSettings):
     """Per-currency overrides of ``ABSOLUTE_REFUND_CAP``, as ``AUTO_APPROVE_LIMITS`` is for ``AUTO_APPROVE_LIMIT``."""
     refund_window_days: int = 60
     """Refundable through this many whole days after payment (the last day included)."""
+    customer_refund_window_days: int = Field(default=30, ge=1)
+    """The rolling window in which one customer's refunds are counted (``CUSTOMER_MAX_REFUNDS``, ``..._AMOUNT``)."""
+    customer_max_refunds: int = Field(default=3, ge=1)
+    """More refunds than this for one customer inside the window go to a person, however small. Refused and failed
+    refunds are not counted."""
+    customer_max_refund_amount: Decimal = Field(default=Decimal("500.00"), gt=0)
+    """More money than this for one customer inside the window (in the refund's currency) goes to a person."""
+    customer_max_refund_amounts: dict[str, Decimal] = Field(default_factory=dict)
+    """Per-currency overrides of ``CUSTOMER_MAX_REFUND_AMOUNT``, e.g. ``{"JPY": "75000"}``."""
 
     approval_escalate_after_seconds: float = 4 * 3600
     """After this long without a decision, approvers get one reminder."""
@@ -168,6 +194,15 @@ class Settings(BaseSettings):
             raise ValueError("is blank: set the key its issuer gave you, or leave it unset")
         return value
 
+    @field_validator("carrier_api_key", "returns_api_key", "tickets_api_email", "tickets_api_token")
+    @classmethod
+    def _real_evidence_services_need_their_keys(cls, value: SecretStr | str, info: ValidationInfo) -> SecretStr | str:
+        base = next(b for b, keys in EVIDENCE_KEYS.items() if info.field_name in keys)
+        text = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if info.data.get(base) is not None and text in (SANDBOX_EVIDENCE_KEY, SANDBOX_TICKETS_EMAIL):
+            raise ValueError(f"is the local sandbox's default but {base.upper()} is set: set what its issuer gave")
+        return value
+
     @field_validator("slack_approvers")
     @classmethod
     def _slack_approvers(cls, value: dict[str, str]) -> dict[str, str]:
@@ -224,6 +259,32 @@ class Settings(BaseSettings):
     """Where ``refund-agent sandbox-payments`` listens."""
     payments_key_ttl_seconds: float = 24 * 3600
     """How long the provider remembers idempotency keys (Stripe: 24 h)."""
+    # Evidence the agent's tools look up (docs/operations/evidence-services.md). Unset base URL: the local
+    # evidence sandbox (``refund-agent sandbox-evidence``, started by ``serve``).
+    carrier_api_base: str | None = None
+    """Carrier tracking API base, EasyPost-shaped (``https://api.easypost.com``). Unset: the local evidence sandbox."""
+    carrier_api_key: SecretStr = SecretStr(SANDBOX_EVIDENCE_KEY)
+    """The carrier tracking API's key (EasyPost's, sent as the basic-auth username). Issued by the provider: blank is
+    refused, and so is the sandbox's default when ``CARRIER_API_BASE`` is set."""
+    returns_api_base: str | None = None
+    """Warehouse returns API base, ShipBob-shaped (``https://api.shipbob.com``). Unset: the local evidence sandbox."""
+    returns_api_key: SecretStr = SecretStr(SANDBOX_EVIDENCE_KEY)
+    """The returns API's personal access token (a bearer token). Issued by the provider: blank is refused, and so is
+    the sandbox's default when ``RETURNS_API_BASE`` is set."""
+    tickets_api_base: str | None = None
+    """Helpdesk API base, Zendesk-shaped (``https://<subdomain>.zendesk.com``). Unset: the local evidence sandbox."""
+    tickets_api_email: str = SANDBOX_TICKETS_EMAIL
+    """The helpdesk agent's email the API token belongs to (Zendesk: ``<email>/token``)."""
+    tickets_api_token: SecretStr = SecretStr(SANDBOX_EVIDENCE_KEY)
+    """The helpdesk's API token. Issued by the provider: blank is refused, and so is the sandbox's default when
+    ``TICKETS_API_BASE`` is set."""
+    evidence_sandbox_port: int = 12112
+    """Where ``refund-agent sandbox-evidence`` listens (the local carrier, returns and helpdesk APIs)."""
+    evidence_timeout_seconds: float = Field(default=10.0, gt=0)
+    """How long one request to an evidence service may take before it is retried."""
+    evidence_attempts: int = Field(default=4, ge=1, le=10)
+    """Attempts per evidence look-up (the first included) on 429, 5xx, timeouts and connection errors."""
+
     payment_recheck_seconds: float = Field(default=900.0, gt=0)
     """How often a refund the provider has not settled (pending) is read again, webhooks or not."""
     stripe_webhook_secret: SecretStr | None = None
@@ -386,6 +447,14 @@ class Settings(BaseSettings):
                 f"cannot make {directory.resolve()} this user's alone ({error.strerror}); choose a directory this "
                 "user owns for REFUND_AGENT_DATA_DIR"
             ) from error
+
+    def evidence_base_url(self, base: str | None) -> str:
+        """``base`` when set, else the local evidence sandbox."""
+        return (base or f"http://127.0.0.1:{self.evidence_sandbox_port}").rstrip("/")
+
+    @property
+    def uses_evidence_sandbox(self) -> bool:
+        return any(getattr(self, base) is None for base in EVIDENCE_KEYS)
 
     @property
     def public_url(self) -> str:

@@ -48,6 +48,8 @@ REFUND_WORKFLOW = "refund"
 REFUND_QUEUE = "refunds"  # durable: enqueued refunds name it
 #: Durable: the patch recorded by refunds whose verdict the customer's requested amount bounded.
 REQUEST_BOUND_PATCH = "request-bound"
+#: Durable: the patch recorded by refunds whose verdict the claim's evidence or the customer's recent refunds changed.
+EVIDENCE_PATCH = "evidence-rules"
 #: How long a continuation waits for the decision its decision workflow sends right after starting it.
 HANDOVER_TIMEOUT_SECONDS = 30.0
 
@@ -64,7 +66,9 @@ async def refund_workflow(refund_id: str, request: dict[str, Any]) -> dict[str, 
         run = await rt.agent.run(prompt_for(refund_id, req, case, rt.limits), deps=deps, usage=usage)
     except Exception as error:  # the model failed or misbehaved through its retries: nothing was paid
         return await undecided(rt, refund_id, error, usage)
-    return await act_on(rt, refund_id, req, run.output, case.snapshot, usage)
+    # Policy reads what the look-up steps returned (deps.evidence), never the model's account of it.
+    claim = policy.Claim(run.output.category, deps.evidence, case.history, refund_id)
+    return await act_on(rt, refund_id, req, run.output, case.snapshot, usage, claim=claim)
 
 
 async def undecided(rt: Runtime, refund_id: str, error: Exception, usage: RunUsage) -> dict[str, Any]:
@@ -82,23 +86,36 @@ async def act_on(
     usage: RunUsage,
     *,
     legacy: bool = False,
+    claim: policy.Claim | None = None,
 ) -> dict[str, Any]:
-    """Policy judges the proposal against the order as the case file's step read it; then pay, refuse or park."""
+    """Policy judges the proposal against the order as the case file's step read it, and the claim against the
+    evidence its look-ups recorded; then pay, refuse or park."""
     crash_point("after_model_response")
     verdict = policy_verdict(proposal, snapshot, rt.limits, requested=req.amount)
     # The request's bound changed the amount. A refund that a release without the bound decided and recorded
     # past this point replays as it was recorded; the patch marks the refunds decided with the bound.
     bounded = verdict.amount != proposal.amount and await DBOS.patch_async(REQUEST_BOUND_PATCH)
-    if verdict.amount != proposal.amount and not bounded:
+    requested = req.amount if bounded or verdict.amount == proposal.amount else None
+    if requested is None:
         verdict = policy_verdict(proposal, snapshot, rt.limits, requested=None)
+    judged = verdict
+    if claim is not None:  # the evidence and the customer's recent refunds: the same patch rule
+        judged = policy_verdict(proposal, snapshot, rt.limits, requested=requested, claim=claim)
+        if _changes(judged, verdict) and not await DBOS.patch_async(EVIDENCE_PATCH):
+            judged = verdict
     record: dict[str, Any] = {
         "proposal": proposal.model_dump(mode="json"),
-        "verdict": verdict.model_dump(mode="json"),
+        "verdict": judged.model_dump(mode="json"),
         "model": rt.model_label,
         "usage": usage_record(usage, rt.model_label),
     }
+    if claim is not None:
+        record["evidence"] = claim.evidence.model_dump(mode="json")
     if bounded:  # the model's words are about an amount that is never paid: approvers and the customer read policy's
-        proposal = over_the_request(proposal, verdict)
+        proposal = over_the_request(proposal, judged)
+    elif judged is not verdict and _changes(judged, verdict):  # the evidence decided: approvers read why first
+        proposal = evidence_decided(proposal, judged)
+    verdict = judged
     if verdict.kind == "auto_approve":  # nothing to wait for: the verdict and the reservation commit together
         plan = await call(
             record_verdict_and_reserve_step,
@@ -113,9 +130,25 @@ async def act_on(
         await call(record_verdict_step, refund_id, **record)
         return await finish(refund_id, Phase.REJECTED, verdict.summary, reply=proposal.customer_reply)
     if verdict.kind == "refuse":  # the verdict, the outcome and the customer's message commit together
-        await call(record_refusal_step, refund_id, **record, detail=verdict.summary, reply=proposal.customer_reply)
+        reply = verdict.customer_note or proposal.customer_reply
+        await call(record_refusal_step, refund_id, **record, detail=verdict.summary, reply=reply)
         return {"refund_id": refund_id, "status": Phase.REJECTED.value, "detail": verdict.summary}
     return await park(rt, refund_id, verdict, proposal, record)
+
+
+def _changes(judged: Verdict, verdict: Verdict) -> bool:
+    """Whether the claim's rules changed what happens (not only what is noted)."""
+    return (judged.kind, judged.amount, judged.reasons) != (verdict.kind, verdict.amount, verdict.reasons)
+
+
+def evidence_decided(proposal: RefundProposal, verdict: Verdict) -> RefundProposal:
+    """What approvers and the customer read when the evidence changed the verdict: policy's reasons first, the
+    agent's account after them; a lower amount (the lines a warehouse received) gets our reply, not the model's."""
+    said = "; ".join(verdict.reasons)
+    update: dict[str, Any] = {"reason": f"{said}. The agent's reason: {proposal.reason}"[:1000]}
+    if verdict.kind == "auto_approve" and verdict.amount != proposal.amount:
+        update["customer_reply"] = paid_reply(verdict.amount, verdict.currency)
+    return proposal.model_copy(update=update)
 
 
 def over_the_request(proposal: RefundProposal, verdict: Verdict) -> RefundProposal:
@@ -255,7 +288,12 @@ async def finish(
 
 
 def policy_verdict(
-    proposal: RefundProposal, snapshot: OrderSnapshot | None, limits: policy.Limits, *, requested: Decimal | None
+    proposal: RefundProposal,
+    snapshot: OrderSnapshot | None,
+    limits: policy.Limits,
+    *,
+    requested: Decimal | None,
+    claim: policy.Claim | None = None,
 ) -> Verdict:
     """Policy's verdict on the proposal, against the order as a step read it, bounded by ``requested`` (what the
     customer asked for; None: no amount named)."""
@@ -274,4 +312,5 @@ def policy_verdict(
         as_of=snapshot.as_of,
         limits=limits,
         requested=requested,
+        claim=claim,
     )

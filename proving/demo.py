@@ -29,7 +29,15 @@ from steps.store import app_db, close_app_database, open_app_database
 
 REFUND_ID = "demo-refund-ord_1002"
 EXECUTOR = "demo-worker"
-EMBEDDED_ONLY = ("DBOS_SYSTEM_DATABASE_URL", "DATABASE_URL", "PAYMENTS_API_BASE", "REFUND_AGENT_CRASH_AT")
+EMBEDDED_ONLY = (
+    "DBOS_SYSTEM_DATABASE_URL",
+    "DATABASE_URL",
+    "PAYMENTS_API_BASE",
+    "REFUND_AGENT_CRASH_AT",
+    "CARRIER_API_BASE",
+    "RETURNS_API_BASE",
+    "TICKETS_API_BASE",
+)
 
 
 class Demo:
@@ -39,16 +47,18 @@ class Demo:
         self.dir = settings.refund_agent_data_dir.resolve() / "demo"
         shutil.rmtree(self.dir, ignore_errors=True)
         self.dir.mkdir(parents=True)
-        self.port = free_port()
+        self.port, self.evidence_port = free_port(), free_port()
         self.settings = Settings(
             refund_agent_data_dir=self.dir,
             payments_sandbox_port=self.port,
+            evidence_sandbox_port=self.evidence_port,
             refund_agent_executor_id="demo-cli",
         )
         self.env = child_env(
             {
                 "REFUND_AGENT_DATA_DIR": str(self.dir),
                 "PAYMENTS_SANDBOX_PORT": str(self.port),
+                "EVIDENCE_SANDBOX_PORT": str(self.evidence_port),
                 "REFUND_AGENT_EXECUTOR_ID": EXECUTOR,
             },
             drop=EMBEDDED_ONLY,
@@ -83,6 +93,9 @@ class Demo:
         self.say(f"embedded default in {self.dir} (SQLite, WAL); offline model; payments sandbox on :{self.port}")
         self.start(["sandbox-payments", "--port", str(self.port)], "sandbox.log")
         wait_for(lambda: http_ok(f"{self.base}/_sandbox/healthz"), timeout=30, what="the payments sandbox")
+        self.start(["sandbox-evidence", "--port", str(self.evidence_port)], "evidence.log")
+        evidence = f"http://127.0.0.1:{self.evidence_port}/_sandbox/healthz"
+        wait_for(lambda: http_ok(evidence), timeout=30, what="the evidence sandbox")
         runtime.migrate_databases(self.settings)
         open_app_database(self.settings.app_database_url)
         # The workers get the same key: from REFUND_AGENT_AUDIT_KEY, or generated into the demo's data directory here.

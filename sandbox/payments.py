@@ -2,7 +2,8 @@
 
 Serves POST/GET /v1/refunds and GET /v1/charges/{id} with Stripe's idempotency-key semantics (saved
 responses, 5xx included), charges that refuse over-refunds, refunds that settle late or fail (also after
-succeeding) with signed webhook events, plus /_sandbox admin endpoints.
+succeeding) with signed webhook events, the charges' early fraud warnings and disputes (sandbox/risk.py),
+plus /_sandbox admin endpoints.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from fastapi.responses import Response
 from pydantic import BaseModel, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from sandbox import risk
+from sandbox.evidence_seed import RiskSeed
 from sandbox.faults import FAILURE_REASONS, FaultInjector, Faults
 from sandbox.ledger import Charge, Claimed, Conflict, Ledger, Refund, Refused, Replay
 from sandbox.webhooks import Settler, WebhookTarget
@@ -189,8 +192,10 @@ def create_app(
     charges: Iterable[Charge] = (),
     webhook_url: str | None = None,
     webhook_secret: str | None = None,
+    risk_seed: RiskSeed | None = None,
 ) -> FastAPI:
-    """Build the app; the ledger creates its tables and ``charges`` when the app starts (lifespan)."""
+    """Build the app; the ledger creates its tables and ``charges`` (and ``risk_seed``'s early fraud warnings and
+    disputes, when given) when the app starts (lifespan)."""
     ledger = Ledger(database_url)
     injector = FaultInjector(faults or Faults())
     target = WebhookTarget(webhook_url, webhook_secret)
@@ -201,6 +206,8 @@ def create_app(
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         ledger.create_tables()
         ledger.add_charges(seeded)
+        if risk_seed is not None:
+            risk.replace(ledger, risk_seed)
         settler.start()
         yield
         settler.stop()
@@ -378,6 +385,8 @@ def create_app(
     def list_events() -> list[dict[str, Any]]:
         return ledger.list_events()
 
+    risk.add_routes(app, ledger, auth, _invalid)
+
     @app.exception_handler(StripeError)
     async def stripe_error(_request: Request, exc: StripeError) -> Response:
         return exc.response()
@@ -430,9 +439,11 @@ def run_sandbox(
     charges: Iterable[Charge] = (),
     webhook_url: str | None = None,
     webhook_secret: str | None = None,
+    risk_seed: RiskSeed | None = None,
 ) -> None:
     """Serve the sandbox until interrupted (backs `refund-agent sandbox-payments`)."""
     app = create_app(
+        risk_seed=risk_seed,
         database_url=database_url,
         api_key=api_key,
         key_ttl_seconds=key_ttl_seconds,

@@ -19,6 +19,8 @@ CRASH_POINTS = frozenset(
         "after_approval_received",  # the continuation received the decision; nothing after it has run
         "after_payment_parked",  # the provider's refund is pending and recorded; no re-read is scheduled yet
         "after_payment_settled",  # the provider's final answer is booked; the settling workflow has not ended
+        "after_carrier_answered",  # the carrier's tracking answered; the look-up step has not checkpointed
+        "after_warehouse_answered",  # the warehouse's return answered; the look-up step has not checkpointed
     }
 )
 

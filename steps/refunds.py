@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any, Literal
@@ -134,8 +136,34 @@ def _usage_values(usage: ModelUsage | None) -> dict[str, Any]:
     return {"model_requests": usage.requests, "input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens}
 
 
+def _claim_values(proposal: dict[str, Any], evidence: dict[str, Any] | None) -> dict[str, Any]:
+    """The claim's category and evidence on the row (refunds decided before evidence record neither)."""
+    if evidence is None:
+        return {}
+    return {"claim_category": str(proposal.get("category") or "other"), "evidence": evidence}
+
+
+def _evidence_entry(proposal: dict[str, Any], verdict: dict[str, Any], evidence: dict[str, Any]) -> dict[str, Any]:
+    """The audit's record of the evidence: what was looked up, what failed, what policy found, and the SHA-256 of
+    the evidence as the row keeps it, so a changed row no longer matches its entry in the chain."""
+    canonical = json.dumps(evidence, sort_keys=True, separators=(",", ":"), default=str)
+    return {
+        "category": proposal.get("category") or "other",
+        "looked_up": [name for name in ("tracking", "returns", "risk", "tickets") if evidence.get(name) is not None],
+        "failed": evidence.get("failed") or {},
+        "findings": list(verdict.get("findings") or []),
+        "flags": list(verdict.get("flags") or []),
+        "evidence_sha256": hashlib.sha256(canonical.encode()).hexdigest(),
+    }
+
+
 def _record_verdict(
-    refund_id: str, proposal: dict[str, Any], verdict: dict[str, Any], model: str, usage: ModelUsage | None
+    refund_id: str,
+    proposal: dict[str, Any],
+    verdict: dict[str, Any],
+    model: str,
+    usage: ModelUsage | None,
+    evidence: dict[str, Any] | None = None,
 ) -> None:
     now = datetime.now(UTC)
     currency = str(proposal["currency"])
@@ -150,9 +178,13 @@ def _record_verdict(
         model=model,
         status="deciding",
         **_usage_values(usage),
+        **_claim_values(proposal, evidence),
     )
     payload = {**proposal, "model": model, **({"usage": usage.model_dump()} if usage else {})}
     audit.append(session(), refund_id=refund_id, event="agent_proposed", payload=payload, now=now)
+    if evidence is not None:
+        entry = _evidence_entry(proposal, verdict, evidence)
+        audit.append(session(), refund_id=refund_id, event="claim_evidence", payload=entry, now=now)
     audit.append(session(), refund_id=refund_id, event="policy_verdict", payload=verdict, now=now)
 
 
@@ -174,9 +206,10 @@ def record_refusal_step(
     usage: ModelUsage | None,
     detail: str,
     reply: str | None,
+    evidence: dict[str, Any] | None = None,
 ) -> None:
     """A refused refund ends here: the verdict, the outcome and the customer's message commit together."""
-    _record_verdict(refund_id, proposal, verdict, model, usage)
+    _record_verdict(refund_id, proposal, verdict, model, usage, evidence)
     _record_outcome(refund_id, datetime.now(UTC), status="rejected", detail=detail, reply=reply)
 
 
@@ -193,12 +226,13 @@ def open_approval_step(
     reason: str,
     escalate_after: float,
     timeout: float,
+    evidence: dict[str, Any] | None = None,
 ) -> ApprovalRequest:
     """Record the verdict and the approval request it needs, together; the refund is parked from here on.
 
     A fork that runs this step again keeps the first request (and its deadlines)."""
     now = datetime.now(UTC)
-    _record_verdict(refund_id, proposal, verdict, model, usage)
+    _record_verdict(refund_id, proposal, verdict, model, usage, evidence)
     values = {
         "refund_id": refund_id,
         "amount_minor": to_minor(amount, currency),
@@ -379,6 +413,7 @@ def record_verdict_and_reserve_step(
     usage: ModelUsage | None = None,
     amount: Decimal,
     currency: str,
+    evidence: dict[str, Any] | None = None,
 ) -> PaymentPlan:
     """An auto-approved refund has nothing to wait for: its verdict and its reservation commit together.
 
@@ -386,7 +421,7 @@ def record_verdict_and_reserve_step(
     ``record_payment`` takes the two in that order, and the reverse order deadlocks against it.
     """
     order = _locked_order(order_id)
-    _record_verdict(refund_id, proposal, verdict, model, usage)
+    _record_verdict(refund_id, proposal, verdict, model, usage, evidence)
     return _reserve(refund_id, order_id, order, amount=amount, currency=currency)
 
 

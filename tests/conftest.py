@@ -17,11 +17,14 @@ import sqlalchemy as sa
 
 from agent import runtime
 from agent.settings import Settings
+from sandbox.evidence import RiskSeed
 from sandbox.ledger import Charge
 from sandbox.payments import create_app
 from steps import audit
 from steps.seed import demo_charges, seed
+from steps.seed_evidence import demo_risk
 from steps.store import app_db, create_engine
+from tests.evidence_server import EvidenceServer
 from tests.servers import ThreadedServer
 
 pydantic_ai.models.ALLOW_MODEL_REQUESTS = False
@@ -70,6 +73,7 @@ class SandboxServer(ThreadedServer):
 
     def __init__(self, database_url: str, **kwargs: Any) -> None:
         kwargs.setdefault("charges", [Charge(**c) for c in demo_charges()])  # what the seeded orders were paid with
+        kwargs.setdefault("risk_seed", RiskSeed.model_validate(demo_risk()))  # their fraud warnings and disputes
         super().__init__(create_app(database_url=database_url, api_key=API_KEY, **kwargs))
         self.start()
 
@@ -109,6 +113,8 @@ class Env:
     dbs: Databases
     data_dir: Path
     sandbox: SandboxServer
+    evidence: EvidenceServer | None = None
+    """The evidence services (tracking, returns, tickets); None: settings leave them at their defaults."""
 
     def settings(self, **overrides: Any) -> Settings:
         values: dict[str, Any] = {
@@ -121,6 +127,8 @@ class Env:
             "queue_polling_interval_seconds": 0.1,
             "notification_polling_interval_seconds": 0.1,
         }
+        if self.evidence is not None:
+            values.update(self.evidence.settings())
         values.update(overrides)
         return Settings(**values)
 
@@ -136,6 +144,8 @@ class Env:
             "QUEUE_POLLING_INTERVAL_SECONDS": "0.1",
             "NOTIFICATION_POLLING_INTERVAL_SECONDS": "0.1",
         }
+        if self.evidence is not None:
+            env.update(self.evidence.env_vars())
         env.update(overrides)
         return env
 
@@ -153,11 +163,22 @@ class Env:
         return len(cut)
 
 
+@pytest.fixture(scope="session")
+def evidence_sandbox() -> Iterator[EvidenceServer]:
+    """One evidence sandbox per test session with the demo's evidence: it is read-only, so tests share it (a test
+    that sets faults or loads other data starts its own ``EvidenceServer``)."""
+    server = EvidenceServer()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture(params=BACKENDS)
-def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
+def env(request: pytest.FixtureRequest, tmp_path: Path, evidence_sandbox: EvidenceServer) -> Iterator[Env]:
     dbs = make_databases(request.param, tmp_path)
     sandbox = SandboxServer(f"sqlite:///{tmp_path}/sandbox.sqlite")
-    env = Env(request.param, dbs, tmp_path / "data", sandbox)
+    env = Env(request.param, dbs, tmp_path / "data", sandbox, evidence_sandbox)
     # This process appends and verifies with the key its workers generate into the shared data directory.
     audit.use_key(env.settings().audit_key())
     try:

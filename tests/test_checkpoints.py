@@ -18,7 +18,8 @@ from tests.identities import DANA
 from tests.test_workflow import running, submit
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-_ROW = re.compile(r"^\| (paid at once|refused|approved|rejected|expired) \| (\d+) \| (.*) \|$", re.M)
+_PATHS = ("paid at once", "refused", "approved", "rejected", "expired", "investigated, paid", "investigated, not yet")
+_ROW = re.compile(rf"^\| ({'|'.join(_PATHS)}) \| (\d+) \| (.*) \|$", re.M)
 #: One workflow in the last column: "`/settle`: DBOS.recv, ...", "later, `/escalate`: ...", "`<key>` as approved".
 _WORKFLOW = re.compile(r"^(?:later, )?`(?P<workflow><key>|/\w+)`(?:: (?P<steps>.+)| as (?P<like>[a-z ]+))$")
 _MOVING = ("ENQUEUED", "PENDING", "DELAYED")
@@ -75,7 +76,7 @@ def checkpoints(client: DBOSClient, refund_id: str) -> tuple[int, StepsByWorkflo
 
 
 def test_the_readme_lists_every_path() -> None:
-    assert sorted(readme_paths()) == ["approved", "expired", "paid at once", "refused", "rejected"]
+    assert sorted(readme_paths()) == sorted(_PATHS)
 
 
 def test_the_readmes_counts_are_its_steps_plus_one_row_per_workflow() -> None:
@@ -93,15 +94,19 @@ def test_each_paths_checkpoints_are_the_readmes(env: Env) -> None:
     counted: dict[str, int] = {}
     steps: dict[str, StepsByWorkflow] = {}
     with running(env, approval_escalate_after_seconds=1.0, approval_timeout_seconds=2.5) as client:
+        plain = "Please refund me"
         paths = {
-            "paid at once": ("cp-paid-000001", "ord_1001", None),
-            "refused": ("cp-refused-0001", "ord_1004", None),
-            "approved": ("cp-approved-001", "ord_1002", "approve"),
-            "rejected": ("cp-rejected-001", "ord_1003", "reject"),
-            "expired": ("cp-expired-0001", "ord_1009", None),
+            "paid at once": ("cp-paid-000001", "ord_1001", None, plain),
+            "refused": ("cp-refused-0001", "ord_1004", None, plain),
+            "approved": ("cp-approved-001", "ord_1002", "approve", plain),
+            "rejected": ("cp-rejected-001", "ord_1003", "reject", plain),
+            "expired": ("cp-expired-0001", "ord_1009", None, plain),
+            # The carrier says returned to sender: the usual rules pay it. In transit: nothing yet, the ETA told.
+            "investigated, paid": ("cp-lost-000001", "ord_1011", None, "My lamp never arrived."),
+            "investigated, not yet": ("cp-transit-0001", "ord_1013", None, "My boots never arrived."),
         }
-        for path, (key, order_id, decision) in paths.items():
-            refund_id = submit(client, key, order_id)
+        for path, (key, order_id, decision, message) in paths.items():
+            refund_id = submit(client, key, order_id, message)
             if order_id in ("ord_1002", "ord_1003", "ord_1009"):
                 wait_for(lambda r=refund_id: parked(client, r), timeout=60, what="the refund to park")  # type: ignore[misc]
             if decision is not None:

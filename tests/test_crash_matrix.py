@@ -27,6 +27,7 @@ from steps import audit
 from steps.seed import seed
 from steps.store import app_db, close_app_database, open_app_database, orders, outbox
 from tests.conftest import Env
+from tests.evidence_server import EvidenceServer
 from tests.identities import DANA, HELPDESK
 
 MODEL_REQUESTS_PER_REFUND = 1  # the answer: the case file was read before the model was asked
@@ -213,3 +214,62 @@ def test_sigkill_while_the_provider_settles_a_pending_refund_then_restart_settle
     assert events.count("refund_failed") == (0 if final == "succeeded" else 1)
     assert refunded == (4200 if final == "succeeded" else 0)
     assert [m.channel for m in sent] == (["email"] if final == "succeeded" else ["operators"])
+
+
+# case -> (kill point, order, claim, the look-up step, the service it asks, expected paid amount in minor units)
+INVESTIGATING = {
+    "after_carrier_answered": ("after_carrier_answered", "ord_1011", "My desk lamp never arrived.", "carrier", 6400),
+    "after_warehouse_answered": ("after_warehouse_answered", "ord_1014", "I sent everything back.", "returns", 8000),
+    "investigated_after_model_response": (
+        "after_model_response",
+        "ord_1011",
+        "My desk lamp never arrived.",
+        "carrier",
+        6400,
+    ),
+}
+
+
+@pytest.fixture
+def own_evidence(env: Env) -> Iterator[Env]:
+    """An evidence sandbox of this test's own, so its request counters count this test's look-ups only."""
+    server = EvidenceServer()
+    try:
+        yield Env(env.backend, env.dbs, env.data_dir, env.sandbox, server)
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("case", list(INVESTIGATING))
+def test_sigkill_while_investigating_then_restart_looks_up_again_only_what_was_not_checkpointed(
+    own_evidence: Env, model: ScriptedModel, tmp_path: Path, case: str
+) -> None:
+    point, order_id, message, service, paid = INVESTIGATING[case]
+    env = own_evidence
+    assert env.evidence is not None
+    refund_id = f"crash-{case.replace('_', '-')}"
+    with FakeOpenAIServer(model) as llm:
+        cluster = Cluster(env, llm, tmp_path / "logs")
+        try:
+            first = cluster.worker("worker-1", crash_at=point)
+            request = RefundRequest(order_id=order_id, message=message)
+            submit_refund(cluster.client, idempotency_key=refund_id, requester=HELPDESK, request=request)
+            code = wait_for(first.poll, timeout=90, what="the first worker to die")
+            assert code == -signal.SIGKILL, cluster.dump_logs()
+            assert cluster.pending(refund_id), "the kill left nothing pending"
+            cluster.worker("worker-2")
+            outcome = cluster.finished(refund_id)
+            assert outcome["status"] == "completed", cluster.dump_logs()
+            steps = [s["function_name"] for s in cluster.client.list_workflow_steps(refund_id, load_output=False)]
+        finally:
+            cluster.close()
+    [held] = env.sandbox.refunds(f"ch_{order_id}")
+    assert held["amount"] == paid and env.sandbox.stats()["refunds_applied"] == 1
+    # Killed before the look-up's checkpoint: asked once more. Killed after it: never asked again.
+    asked = env.evidence.stats()[service]
+    assert asked == (2 if point.endswith("_answered") else 1)
+    assert sum(name.startswith("evidence.") for name in steps) == 1
+    # The first model request (which asked for the look-up) was checkpointed before the kill and never re-sent.
+    assert model.requests[order_id] == 2
+    with app_db().engine.connect() as conn:
+        assert audit.verify(conn).ok

@@ -67,6 +67,21 @@ def _start_sandbox(settings: Settings) -> subprocess.Popen[bytes] | None:
     return proc
 
 
+def _start_evidence_sandbox(settings: Settings) -> subprocess.Popen[bytes] | None:
+    """Start the evidence sandbox (carrier, returns, helpdesk) unless one already answers on its port."""
+    health = f"{settings.evidence_base_url(None)}/_sandbox/healthz"
+    if http_ok(health):
+        return None
+    proc = spawn(
+        ["sandbox-evidence", "--port", str(settings.evidence_sandbox_port)],
+        env=child_env({}),
+        log=settings.refund_agent_data_dir / "evidence_sandbox.log",
+    )
+    wait_for(lambda: http_ok(health), timeout=30, what="the evidence sandbox")
+    log.info("evidence sandbox started on %s (pid %d)", settings.evidence_base_url(None), proc.pid)
+    return proc
+
+
 def create_app(settings: Settings | None = None, *, worker: bool = True) -> FastAPI:
     settings = settings or get_settings()
 
@@ -74,6 +89,9 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Fast
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         logging.getLogger("uvicorn.access").addFilter(RedactApprovalTokens())
         sandbox = await asyncio.to_thread(_start_sandbox, settings) if settings.uses_sandbox else None
+        evidence = (
+            await asyncio.to_thread(_start_evidence_sandbox, settings) if settings.uses_evidence_sandbox else None
+        )
         rt = await asyncio.to_thread(runtime.start, settings, worker=worker)
         if settings.embedded:
             with app_db().engine.connect() as conn:
@@ -99,8 +117,9 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Fast
         finally:
             client.destroy()
             await asyncio.to_thread(runtime.stop, settings.shutdown_timeout_seconds)
-            if sandbox is not None:
-                stop(sandbox)
+            for child in (sandbox, evidence):
+                if child is not None:
+                    stop(child)
 
     app = FastAPI(
         title="refund-agent",

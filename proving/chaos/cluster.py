@@ -20,7 +20,16 @@ from agent.ops.processes import child_env, free_port, http_ok, spawn, stop, wait
 
 log = logging.getLogger(__name__)
 
-_DROP = ("REFUND_AGENT_CRASH_AT", "SLACK_WEBHOOK_URL", "REFUND_AGENT_MODEL", "REFUND_AGENT_MODEL_BASE_URL")
+_DROP = (
+    "REFUND_AGENT_CRASH_AT",
+    "SLACK_WEBHOOK_URL",
+    "REFUND_AGENT_MODEL",
+    "REFUND_AGENT_MODEL_BASE_URL",
+    # The evidence look-ups go to the cluster's own evidence sandbox.
+    "CARRIER_API_BASE",
+    "RETURNS_API_BASE",
+    "TICKETS_API_BASE",
+)
 
 
 class Member:
@@ -46,16 +55,17 @@ class Member:
 class Cluster:
     def __init__(self, *, env: dict[str, str], workers: int, logs: Path, sandbox_db: str) -> None:
         self.logs = logs
-        self.sandbox_port, self.api_port = free_port(), free_port()
+        self.sandbox_port, self.api_port, self.evidence_port = free_port(), free_port(), free_port()
         self.sandbox_url = f"http://127.0.0.1:{self.sandbox_port}"
         self.api_url = f"http://127.0.0.1:{self.api_port}"
-        base = child_env(
-            {**env, "PAYMENTS_API_BASE": self.sandbox_url, "REFUND_AGENT_PORT": str(self.api_port)}, drop=_DROP
-        )
+        self.evidence_url = f"http://127.0.0.1:{self.evidence_port}"
+        ports = {"REFUND_AGENT_PORT": str(self.api_port), "EVIDENCE_SANDBOX_PORT": str(self.evidence_port)}
+        base = child_env({**env, "PAYMENTS_API_BASE": self.sandbox_url, **ports}, drop=_DROP)
         self.payments_key = base["PAYMENTS_API_KEY"]
         self.sandbox = Member(
             "sandbox", ["sandbox-payments", "--port", str(self.sandbox_port), "--database-url", sandbox_db], base, logs
         )
+        self.evidence = Member("evidence", ["sandbox-evidence", "--port", str(self.evidence_port)], base, logs)
         self.members = [Member("serve", ["serve"], {**base, "REFUND_AGENT_EXECUTOR_ID": "chaos-api"}, logs)]
         for i in range(1, workers + 1):
             self.members.append(
@@ -70,6 +80,8 @@ class Cluster:
     def start(self) -> None:
         self.sandbox.launch()
         wait_for(lambda: http_ok(f"{self.sandbox_url}/_sandbox/healthz"), timeout=60, what="the payments sandbox")
+        self.evidence.launch()
+        wait_for(lambda: http_ok(f"{self.evidence_url}/_sandbox/healthz"), timeout=60, what="the evidence sandbox")
         for member in self.members:
             member.launch()
         wait_for(lambda: http_ok(f"{self.api_url}/readyz"), timeout=90, what="the refund service")
@@ -79,7 +91,7 @@ class Cluster:
         self._stop.set()
         if self._watch.is_alive():
             self._watch.join(5)
-        for member in [*self.members, self.sandbox]:
+        for member in [*self.members, self.sandbox, self.evidence]:
             member.want_up = False
             if member.proc is not None:
                 stop(member.proc)

@@ -1,0 +1,138 @@
+"""What recorded evidence says about a claim: pure rules on the look-ups' step outputs, never on the model's words.
+
+``judge`` returns a ``Finding``: nothing to add (the usual money rules decide), refuse for now (the parcel is on its
+way, nothing was sent back yet: the customer is told what to do), a person must look (the carrier says delivered,
+the claim could not be checked), refuse (the dispute decides), or a lower bound (only the lines the warehouse
+received). The category is the agent's reading of the claim; a claim that needs evidence and was not checked goes
+to a person, so a model that skips a look-up (or is talked out of it) never gets a refund paid unchecked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Literal
+
+from agent.domain import ClaimCategory
+from steps.evidence import Evidence, ReturnReceipt, Tracking
+from steps.records import Order, format_money
+
+FindingKind = Literal["none", "refuse", "wait", "person"]
+#: Claims that only evidence can settle, and the look-up that settles them.
+NEEDS: dict[ClaimCategory, Literal["tracking", "returns"]] = {
+    "not_received": "tracking",
+    "returned": "returns",
+    "changed_mind": "returns",
+}
+#: How long after its expected date a parcel still counts as on its way.
+ETA_GRACE = timedelta(days=1)
+_MOVING = ("pre_transit", "in_transit", "out_for_delivery")
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: FindingKind
+    reasons: tuple[str, ...] = ()
+    """Why the verdict is what it is (``refuse``, ``wait``, ``person``)."""
+    facts: tuple[str, ...] = ()
+    """What the evidence established, whatever the verdict."""
+    bound: Decimal | None = None
+    """At most this may be refunded (the received lines of a return); None: no bound from the evidence."""
+    customer_note: str | None = None
+    flags: tuple[str, ...] = ()
+
+
+def _day(at: datetime) -> str:
+    return at.strftime("%Y-%m-%d")
+
+
+def judge(category: ClaimCategory, evidence: Evidence, order: Order, as_of: datetime) -> Finding:
+    """The evidence's word on a claim: the charge's risk first (a dispute decides), then what the category needs."""
+    flags: tuple[str, ...] = ()
+    facts: list[str] = []
+    if evidence.risk is not None:
+        for dispute in evidence.risk.open_disputes:
+            reason = f"the charge has an open dispute ({dispute.dispute_id}, {dispute.reason}); the dispute decides"
+            note = "Your bank has opened a dispute on this payment; its outcome decides the refund, so we cannot "
+            note += "refund it separately."
+            return Finding("refuse", (reason,), (reason,), customer_note=note)
+        if evidence.risk.early_fraud_warnings:
+            warning = evidence.risk.early_fraud_warnings[0]
+            facts.append(f"the card issuer reported the charge as fraud ({warning.warning_id}, {warning.fraud_type})")
+            flags = ("early_fraud_warning",)
+    need = NEEDS.get(category)
+    if need is None:
+        return Finding("none", facts=tuple(facts), flags=flags)
+    if need in evidence.failed:
+        reason = f"the claim could not be checked: {need} could not be read ({evidence.failed[need]})"
+        return Finding("person", (reason,), tuple(facts), flags=flags)
+    found = _tracking(evidence.tracking, order, as_of) if need == "tracking" else _returns(evidence.returns, order)
+    return Finding(
+        found.kind, found.reasons, (*facts, *found.facts), found.bound, found.customer_note, (*flags, *found.flags)
+    )
+
+
+def _tracking(tracking: Tracking | None, order: Order, as_of: datetime) -> Finding:
+    if not order.tracking_code:
+        return Finding("person", ("the order has no tracking number to check the claim against",))
+    if tracking is None:
+        return Finding("person", ("the claim was not checked against the carrier's tracking",))
+    where = f"{tracking.carrier} {tracking.tracking_code}"
+    if not tracking.found or tracking.status == "unknown":
+        return Finding("person", (f"the carrier has no usable record of {where}",))
+    if tracking.status == "delivered":
+        when = f" on {_day(tracking.delivered_at)}" if tracking.delivered_at else ""
+        proof = {"signature": f", signed by {tracking.signed_by or 'someone'}", "photo": ", with a photo"}
+        fact = f"the carrier shows {where} delivered{when}{proof.get(tracking.proof, ', without proof')}"
+        return Finding("person", (fact,), (fact,))
+    if tracking.status in ("return_to_sender", "failure"):
+        said = "returned to sender" if tracking.status == "return_to_sender" else "failed delivery"
+        return Finding("none", facts=(f"the carrier shows {where}: {said}",))
+    if tracking.est_delivery is None:
+        return Finding("person", (f"{where} is {tracking.status.replace('_', ' ')} with no expected date",))
+    due = _day(tracking.est_delivery)
+    if as_of > tracking.est_delivery + ETA_GRACE:
+        return Finding("person", (f"{where} is past its expected delivery date {due}",))
+    fact = f"{where} is on its way ({tracking.status.replace('_', ' ')}), expected by {due}"
+    note = (
+        f"Your parcel is on its way with {tracking.carrier} (tracking {tracking.tracking_code}) and is expected by "
+        f"{due}. If it has not arrived by then, reply to this message and we will look again."
+    )
+    return Finding("wait", (fact,), (fact,), customer_note=note)
+
+
+def _returns(receipt: ReturnReceipt | None, order: Order) -> Finding:
+    if receipt is None:
+        return Finding("person", ("the claim was not checked against the warehouse's returns",))
+    if receipt.status == "none":
+        reason = "no return was opened for this order"
+        note = (
+            "We refund a return once our warehouse receives it. To send the item back, reply to this message and "
+            "we will send you a return label."
+        )
+        return Finding("wait", (reason,), (reason,), customer_note=note)
+    if receipt.status == "label_created":
+        since = f" on {_day(receipt.label_created_at)}" if receipt.label_created_at else ""
+        reason = f"the return label ({receipt.rma_id}) was created{since} and the parcel was never scanned"
+        note = (
+            f"We have not received your return yet: the label for return {receipt.rma_id} has not been used. "
+            "Drop the parcel off with the carrier; we refund it as soon as our warehouse receives it."
+        )
+        return Finding("wait", (reason,), (reason,), customer_note=note)
+    if receipt.status == "in_transit":
+        reason = f"the return {receipt.rma_id} is on its way to the warehouse"
+        note = f"Your return {receipt.rma_id} is on its way to us; we refund it as soon as our warehouse receives it."
+        return Finding("wait", (reason,), (reason,), customer_note=note)
+    received = [line for line in receipt.lines if line.received]
+    money = format_money(receipt.received_amount, order.currency)
+    listed = ", ".join(f"{line.description} x{line.quantity}" for line in received) or "nothing"
+    fact = f"the warehouse received {listed} on return {receipt.rma_id} ({money})"
+    if not received:
+        note = f"Our warehouse has not received any item of return {receipt.rma_id} yet."
+        return Finding("wait", (fact,), (fact,), customer_note=note)
+    worn = [line for line in received if line.condition in ("damaged", "used", "missing")]
+    if worn:
+        said = ", ".join(f"{line.description} ({line.condition})" for line in worn)
+        return Finding("person", (f"inspected on return: {said}",), (fact,), bound=receipt.received_amount)
+    return Finding("none", facts=(fact,), bound=receipt.received_amount)

@@ -1,0 +1,75 @@
+"""Remove each evidence rule in turn and check that tests/test_evidence_policy.py fails without it.
+
+    python tests/mutation/remove_rules.py        # prints one line per rule; exit 1 if a removal goes unnoticed
+
+Each removal is one edit to agent/evidence_policy.py or agent/policy.py, made on a scratch copy of the tree
+(the files in place are never touched). A rule whose removal leaves the table passing is a rule no test holds.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TEST = "tests/test_evidence_policy.py"
+
+#: (rule, file, text, replacement)
+REMOVALS: list[tuple[str, str, str, str]] = [
+    ("an open dispute refuses", "agent/evidence_policy.py", "for dispute in evidence.risk.open_disputes:", "for dispute in []:"),
+    ("an early fraud warning is flagged", "agent/evidence_policy.py", 'flags = ("early_fraud_warning",)', "pass"),
+    ("a claim that needs evidence goes unchecked to a person", "agent/evidence_policy.py", '        return Finding("person", ("the claim was not checked against the carrier', '        return Finding("none", ("the claim was not checked against the carrier'),
+    ("a failed look-up goes to a person", "agent/evidence_policy.py", "if need in evidence.failed:", "if False:"),
+    ("an order without tracking goes to a person", "agent/evidence_policy.py", "if not order.tracking_code:", "if False:"),
+    ("an unknown parcel goes to a person", "agent/evidence_policy.py", 'if not tracking.found or tracking.status == "unknown":', "if False:"),
+    ("delivered goes to a person", "agent/evidence_policy.py", '        return Finding("person", (fact,), (fact,))\n    if tracking.status in', '        return Finding("none", (fact,), (fact,))\n    if tracking.status in'),
+    ("no expected date goes to a person", "agent/evidence_policy.py", "if tracking.est_delivery is None:", "if False:"),
+    ("past its expected date goes to a person", "agent/evidence_policy.py", "if as_of > tracking.est_delivery + ETA_GRACE:", "if False:"),
+    ("in transit waits", "agent/evidence_policy.py", '    return Finding("wait", (fact,), (fact,), customer_note=note)\n\n\ndef _returns', '    return Finding("none", (fact,), (fact,), customer_note=note)\n\n\ndef _returns'),
+    ("no return opened waits", "agent/evidence_policy.py", 'if receipt.status == "none":', "if False:"),
+    ("a never-scanned label waits", "agent/evidence_policy.py", 'if receipt.status == "label_created":', "if False:"),
+    ("a return on its way waits", "agent/evidence_policy.py", 'if receipt.status == "in_transit":', "if False:"),
+    ("nothing received waits", "agent/evidence_policy.py", "    if not received:\n", "    if False:\n"),
+    ("a worn line goes to a person", "agent/evidence_policy.py", "    if worn:\n", "    if False:\n"),
+    ("only received lines are refunded", "agent/policy.py", "if found.bound is not None and verdict.amount > found.bound:", "if False:"),
+    ("wait refuses for now", "agent/policy.py", 'if found.kind in ("refuse", "wait"):', 'if found.kind in ("refuse",):'),
+    ("evidence never lifts a refusal", "agent/policy.py", '    if verdict.kind == "refuse":\n        return verdict\n    if found.kind', '    if False:\n        return verdict\n    if found.kind'),
+    ("too many refunds in the window go to a person", "agent/policy.py", "if len(recent) + 1 > limits.customer_max_refunds:", "if False:"),
+    ("too much money in the window goes to a person", "agent/policy.py", "if spent + verdict.amount > cap:", "if False:"),
+    ("older refunds fall out of the window", "agent/policy.py", "and h.created_at >= since and", "and"),
+    ("refused refunds are not counted", "agent/policy.py", "and h.status not in _ENDED_UNPAID", ""),
+    ("this refund is not counted twice", "agent/policy.py", "if h.refund_id != claim.refund_id and", "if"),
+]  # fmt: skip
+
+
+def main() -> int:
+    unnoticed = 0
+    with tempfile.TemporaryDirectory() as scratch:
+        tree = Path(scratch) / "tree"
+        shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(".venv", ".git", "test-artifacts", "__pycache__"))
+        for rule, name, text, replacement in REMOVALS:
+            path = tree / name
+            original = path.read_text()
+            if original.count(text) != 1:
+                print(f"STALE   {rule}: the text to remove is not in {name} exactly once")
+                unnoticed += 1
+                continue
+            path.write_text(original.replace(text, replacement))
+            done = subprocess.run(
+                [sys.executable, "-m", "pytest", "-q", "-x", "-n", "0", "-p", "no:cacheprovider", "--noconftest", TEST],
+                cwd=tree,
+                capture_output=True,
+                text=True,
+            )
+            path.write_text(original)
+            caught = done.returncode != 0
+            unnoticed += not caught
+            print(f"{'caught ' if caught else 'MISSED '} {rule}")
+    return 1 if unnoticed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
