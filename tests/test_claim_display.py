@@ -31,6 +31,7 @@ from steps.evidence import (
 from steps.store import app_db, refunds
 from tests.conftest import Env
 from tests.console_server import API_TOKEN, ConsoleServer, console_server
+from tests.test_workflow import parked
 
 AUTH = {"Authorization": f"Bearer {API_TOKEN}"}
 AT = datetime(2026, 11, 30, 14, 2, tzinfo=UTC)
@@ -80,12 +81,17 @@ def console(env: Env) -> Iterator[tuple[ConsoleServer, DBOSClient]]:
 
 
 def _finished_refund(server: ConsoleServer, client: DBOSClient, key: str) -> str:
-    body = {"order_id": "ord_1001", "message": "It never arrived."}
+    """A refund paid and finished, its row as refunds decided before claims were recorded have it."""
+    body = {"order_id": "ord_1001", "message": "The mouse stopped working."}
     with httpx.Client(base_url=server.base_url, timeout=30) as http:
         accepted = http.post("/refunds", json=body, headers={**AUTH, "Idempotency-Key": key})
     assert accepted.status_code == 202, accepted.text
     refund_id = str(accepted.json()["refund_id"])
     assert wait_for_outcome(client, refund_id)["status"] == "completed"
+    with app_db().engine.begin() as conn:  # as a release before evidence left its row
+        conn.execute(
+            sa.update(refunds).where(refunds.c.refund_id == refund_id).values(claim_category=None, evidence=sa.null())
+        )
     return refund_id
 
 
@@ -148,3 +154,21 @@ def test_the_console_shows_the_claim_escaped_and_nothing_for_a_refund_without_on
     assert '<table id="tracking-events">' in html and "2026-11-30 14:02:00 UTC" in html and "Departed facility" in html
     assert SCRIPT not in html and "Austin TX &lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "Broken &lt;script&gt;" in html and PRIVATE not in html
+
+
+def test_a_claim_the_agent_investigated_shows_what_the_carrier_said(
+    env: Env, console: tuple[ConsoleServer, DBOSClient]
+) -> None:
+    server, client = console
+    body = {"order_id": "ord_1002", "message": "My parcel never arrived."}
+    with httpx.Client(base_url=server.base_url, timeout=30, headers=AUTH) as http:
+        accepted = http.post("/refunds", json=body, headers={"Idempotency-Key": "claim-e2e-0001"})
+        assert accepted.status_code == 202, accepted.text
+        parked(client, "claim-e2e-0001")
+        claim = http.get("/refunds/claim-e2e-0001").json()["claim"]
+    assert claim["category"] == "not_received" and claim["evidence"]["tracking"]["signed_by"] == "G HOPPER"
+    [line] = claim["summary"]
+    assert line.startswith("Tracking (UPS 1Z000000000000001002): delivered ") and "signed by G HOPPER" in line
+    with server.signed_in("vic") as vic:
+        html = vic.get("/console/refunds/claim-e2e-0001").text
+    assert "Claim and evidence" in html and "signed by G HOPPER; last event: Delivered" in html
