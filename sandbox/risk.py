@@ -21,6 +21,7 @@ from sandbox.evidence_seed import RiskSeed
 from sandbox.ledger import Ledger, metadata
 
 Kind = Literal["early_fraud_warning", "dispute"]
+_PG_RISK_LOCK = 0x5A4E_D80D  # serialises concurrent replacements on Postgres
 
 risk_signals = sa.Table(
     "sandbox_risk_signals",
@@ -91,6 +92,8 @@ def replace(ledger: Ledger, seed: RiskSeed, now: datetime | None = None) -> int:
     """Replace every risk signal with ``seed``'s; returns how many there are."""
     objects = render(seed, now or datetime.now(UTC))
     with ledger.engine.begin() as conn:
+        if ledger.engine.dialect.name == "postgresql":  # sandboxes sharing one database may start at once
+            conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_RISK_LOCK})
         conn.execute(risk_signals.delete())
         for kind, body in objects:
             values = {"id": body["id"], "kind": kind, "charge": body["charge"], "created": body["created"]}

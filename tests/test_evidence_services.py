@@ -9,11 +9,14 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from dbos import DBOS, SetWorkflowID
+from pydantic import ValidationError
 
 from agent import runtime
+from agent.settings import Settings, settings_problems
 from sandbox.evidence import EvidenceSeed, RiskSeed, TrackerSeed, TrackingEventSeed, ago
 from steps import evidence_http
 from steps.evidence import (
@@ -301,3 +304,32 @@ def test_in_a_workflow_the_look_up_is_a_checkpointed_step(env: Env, service: run
         again = track_in_a_workflow(carrier, code)
     assert again == first
     assert env.evidence.stats()["carrier"] - before == 1  # the second run read the checkpoint, not the carrier
+
+
+def test_the_demo_evidence_matches_the_demo_orders() -> None:
+    seed = demo_seed()
+    assert {(t.carrier, t.tracking_code) for t in seed.trackers} == set(SHIPMENTS.values())
+    [inspected] = [r for r in seed.returns if r.order_id == "ord_1014"]
+    assert sum(line.amount for line in inspected.lines) == Decimal("130.00")  # what ord_1014 captured
+    emails = {t.requester_email for t in seed.tickets}
+    assert emails == {"ada@example.com", "omar@example.com"}
+
+
+@pytest.mark.parametrize(
+    ("base", "key"),
+    [
+        ("carrier_api_base", "carrier_api_key"),
+        ("returns_api_base", "returns_api_key"),
+        ("tickets_api_base", "tickets_api_token"),
+        ("tickets_api_base", "tickets_api_email"),
+    ],
+)
+def test_a_real_service_refuses_the_sandbox_default_key(base: str, key: str) -> None:
+    issued: dict[str, Any] = {k: "issued-by-them" for k in ("carrier_api_key", "returns_api_key", "tickets_api_token")}
+    issued["tickets_api_email"] = "agent@shop.example"
+    Settings(**{base: "https://real.example", **issued})  # with every key set, it starts
+    with pytest.raises(ValidationError) as refused:
+        Settings(**{base: "https://real.example", **{k: v for k, v in issued.items() if k != key}})
+    [problem] = settings_problems(refused.value)
+    assert problem.startswith(f"{key.upper()}: ") and base.upper() in problem
+    assert Settings().evidence_base_url(None).startswith("http://127.0.0.1:")  # unset: the local sandbox

@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (one removal per line)
 """Remove each evidence rule in turn and check that tests/test_evidence_policy.py fails without it.
 
     python tests/mutation/remove_rules.py        # prints one line per rule; exit 1 if a removal goes unnoticed
