@@ -19,6 +19,7 @@ from typing import Any, Literal
 from dbos import DBOSClient, EnqueueOptions, WorkflowHandle
 
 from agent import tokens
+from agent.claims import claim_text
 from agent.domain import ApprovalRecord
 from agent.identity import Principal
 from steps.records import ApprovalRequest, format_money
@@ -105,9 +106,11 @@ def approver_links(config: ApprovalSettings, claims: tokens.ApprovalClaims) -> d
     }
 
 
-def request_text(request: ApprovalRequest) -> str:
+def request_text(request: ApprovalRequest, *, category: str | None = None, evidence: list[str] | None = None) -> str:
+    """What approvers are sent (links and Slack): the request and its reason, then the claim's category and its
+    evidence (``agent.claims`` lines), so they decide on what was looked up. Plain text: Slack escapes it."""
     money = format_money(request.amount, request.currency)
-    return f"Refund {request.refund_id} of {money} needs approval: {request.reason}"
+    return f"Refund {request.refund_id} of {money} needs approval: {request.reason}" + claim_text(category, evidence)
 
 
 def escalation_text(claims: tokens.ApprovalClaims, url: str) -> str:

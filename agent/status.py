@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from dbos import DBOSClient, WorkflowStatus
 
 from agent.approvals import deadline_id, escalation_id, family, request_view, settle_id
+from agent.claims import claim_view
 from agent.settlement import settlement_prefix
 from steps.records import from_minor
 from steps.refunds import approval_request, recorded_decision
@@ -165,6 +166,7 @@ def refund_status(
         "reason": row.reason if row else None,
         "customer_reply": row.customer_reply if row else None,
         "model": row.model if row else None,
+        "claim": claim_view(row.claim_category if row else None, row.evidence if row else None).model_dump(mode="json"),
         "usage": usage_view(row, prices),
         "approval": {
             "requested": pending,

@@ -14,6 +14,7 @@ from fastapi import APIRouter, Depends, Header, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from agent import policy, tokens
+from agent.claims import ClaimView
 from agent.domain import RefundRequest
 from agent.http.clients import current_client, principal_of, requiring, sees_every_refund
 from agent.http.problems import Problem
@@ -122,6 +123,16 @@ def create_refund(
     )
 
 
+class RefundView(BaseModel):
+    """One refund's status. Only the claim is typed here; the other fields are described in docs/api.md."""
+
+    model_config = ConfigDict(extra="allow")
+
+    refund_id: str
+    claim: ClaimView
+    """The claim's category and the evidence the agent looked up (ticket comments never: customer data)."""
+
+
 def _visible(client: ApiClient, status: dict[str, Any]) -> bool:
     return sees_every_refund(client) or status.get("requested_by") == str(principal_of(client))
 
@@ -151,7 +162,7 @@ def _with_links(svc: Services, client: ApiClient, status: dict[str, Any]) -> dic
     return status
 
 
-@router.get("/refunds/{refund_id}", tags=["refunds"])
+@router.get("/refunds/{refund_id}", response_model=RefundView, tags=["refunds"])
 def get_refund(refund_id: str, svc: ServicesDep, client: Reader) -> dict[str, Any]:
     """Status, amounts, approval, payment and the DBOS step timeline of one refund.
 
