@@ -18,10 +18,12 @@ from pydantic_ai.usage import RunUsage
 from agent import approvals, policy
 from agent.approval_workflows import start_timers
 from agent.brain import AgentDeps, prompt_for
+from agent.claims import evidence_lines
 from agent.context import Runtime, current
 from agent.domain import ApprovalRecord, Phase, RefundProposal, RefundRequest, Verdict, declined_reply, paid_reply
 from agent.ops.offloop import call
 from agent.settlement import park_payment, settle
+from steps.evidence import Evidence
 from steps.faults import crash_point
 from steps.notify import CustomerMessage, notify_approvers_step, slack_approvers_step, slack_enabled
 from steps.orders import review_case_step
@@ -186,7 +188,9 @@ async def park(
         timeout=config.timeout,
     )
     await start_timers(request, config)
-    text = approvals.request_text(request)
+    found = record.get("evidence")  # approvers read what was looked up, as policy judged it
+    lines = evidence_lines(Evidence.model_validate(found)) if found is not None else None
+    text = approvals.request_text(request, category=proposal.category if found is not None else None, evidence=lines)
     links = approvals.approver_links(config, approvals.claims_of(request, approver=""))
     messages = {name: f"{text}\nDecide: {url}" for name, url in links.items()}  # each link decides as its approver
     await call(notify_approvers_step, refund_id, kind="request", messages=messages)

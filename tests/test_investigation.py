@@ -82,6 +82,10 @@ def test_never_arrived_but_delivered_with_a_signature_waits_for_a_person(env: En
     assert env.sandbox.refunds("ch_ord_1012") == []
     [verdict] = entries(refund_id, "policy_verdict")
     assert verdict["kind"] == "needs_approval" and any("signed by" in f for f in verdict["findings"])
+    with app_db().engine.connect() as conn:  # each approver's message shows the claim and what was looked up
+        query = sa.select(outbox.c.body).where(outbox.c.refund_id == refund_id, outbox.c.channel != "email")
+        bodies = list(conn.execute(query).scalars())
+    assert bodies and all("Claim: not received" in b and "\nEvidence:\n- Tracking (UPS" in b for b in bodies), bodies
 
 
 def test_in_transit_within_its_eta_refunds_nothing_and_tells_the_customer_when(env: Env, client: DBOSClient) -> None:
