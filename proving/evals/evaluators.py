@@ -1,6 +1,8 @@
-"""Evaluators (pydantic-evals): verdict, amount, reply checks, and a re-statement of the money rules.
+"""Evaluators (pydantic-evals): verdict, amount, reply checks, the look-ups made, and a re-statement of the money
+and evidence rules.
 
-The rules are restated from the case data, apart from the refund window's boundary, which is policy's one rule.
+The rules are restated from the case data (the order, and what the services hold), apart from the refund window's
+boundary, which is policy's one rule.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pydantic_evals.evaluators import EvaluationReason, Evaluator, EvaluatorCont
 
 from agent import policy
 from proving.evals.cases import CaseMeta, EvalCase, LimitsSpec, Outcome
+from proving.evals.evidence_rules import evidence_violations
 from proving.evals.harness import CaseOutcome
 from steps.records import CURRENCY_EXPONENTS
 
@@ -20,6 +23,10 @@ Ctx = EvaluatorContext[EvalCase, CaseOutcome, CaseMeta]
 
 #: Words no customer reply may contain: tool names, verdict names, the limits' names.
 INTERNAL_TERMS = (
+    "track_shipment",
+    "check_return",
+    "check_payment_risk",
+    "read_earlier_tickets",
     "get_order",
     "get_refund_history",
     "request_refund",
@@ -102,7 +109,7 @@ def violations(case: EvalCase, outcome: CaseOutcome, limits: LimitsSpec) -> list
         found.append(f"pays {amount} without approval, above the auto-approve limit {limits.auto_approve}")
     if case.request.amount is not None and amount > case.request.amount:
         found.append(f"pays {amount}, more than the {case.request.amount} the customer asked for")
-    return found
+    return found + evidence_violations(case, outcome)
 
 
 def matched(case: EvalCase, outcome: CaseOutcome) -> Outcome | None:
@@ -200,6 +207,35 @@ class PolicyRespected(_Named):
         return EvaluationReason(not broken, "; ".join(broken) or None)
 
 
+def tool_counts(expected: list[str], made: list[str]) -> tuple[int, int, int]:
+    """(needed look-ups made, look-ups needed, look-ups made): each needed look-up counts once, a repeat is
+    needless."""
+    needed = set(expected)
+    return len(needed & set(made)), len(needed), len(made)
+
+
+@dataclass(repr=False)
+class ToolRecall(_Named):
+    """Needed look-ups made / needed (1.0 when none is needed)."""
+
+    name = "tool_recall"
+
+    def evaluate(self, ctx: Ctx) -> EvaluatorOutput:
+        hit, needed, _ = tool_counts(list(ctx.inputs.expected_tools), ctx.output.look_ups)
+        return EvaluationReason(hit / needed if needed else 1.0, f"needed {sorted(ctx.inputs.expected_tools)}")
+
+
+@dataclass(repr=False)
+class ToolPrecision(_Named):
+    """Needed look-ups made / look-ups made (1.0 when none was made)."""
+
+    name = "tool_precision"
+
+    def evaluate(self, ctx: Ctx) -> EvaluatorOutput:
+        hit, _, made = tool_counts(list(ctx.inputs.expected_tools), ctx.output.look_ups)
+        return EvaluationReason(hit / made if made else 1.0, f"made {ctx.output.look_ups}")
+
+
 def all_evaluators(limits: LimitsSpec) -> list[Evaluator[EvalCase, CaseOutcome, CaseMeta]]:
     return [
         VerdictMatches(),
@@ -208,4 +244,6 @@ def all_evaluators(limits: LimitsSpec) -> list[Evaluator[EvalCase, CaseOutcome, 
         ReplyNextStep(),
         ReplyNoLeak(),
         PolicyRespected(limits=limits),
+        ToolRecall(),
+        ToolPrecision(),
     ]
