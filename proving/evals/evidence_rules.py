@@ -28,8 +28,16 @@ def received_on_return(case: EvalCase) -> Decimal:
     )
 
 
+def _read(outcome: CaseOutcome, look_up: str) -> bool:
+    """The run read this evidence (its step returned), so policy judged with it."""
+    return outcome.evidence.get(look_up) is not None and look_up not in outcome.evidence.get("failed", {})
+
+
 def evidence_violations(case: EvalCase, outcome: CaseOutcome) -> list[str]:
-    """Evidence rules broken by what would be paid, from what the services hold for the case and its real claim."""
+    """Evidence rules broken by what would be paid, from what the services hold for the case and its real claim.
+
+    Paying without a person breaks a rule whatever was looked up; asking a person breaks one only when the
+    evidence was read (policy knew): a claim whose evidence was not read goes to a person by design."""
     if not outcome.pays:
         return []
     held, order, found = case.evidence, case.order, []
@@ -38,17 +46,21 @@ def evidence_violations(case: EvalCase, outcome: CaseOutcome) -> list[str]:
     if case.claim == "not_received" and without_person and any(t.get("status") == "delivered" for t in parcel):
         found.append("pays without a person on a never-arrived claim the carrier shows delivered")
     charge = f"ch_{order.id}"
-    if any(
+    disputed = any(
         d.get("charge", charge) == charge and d.get("status", "needs_response") in OPEN_DISPUTES for d in held.disputes
-    ):
-        found.append("pays while the charge has an open dispute")
-    returns_read = "returns" not in held.failing
-    if case.claim in ("returned", "changed_mind") and returns_read and outcome.amount > received_on_return(case):
-        found.append(f"pays {outcome.amount}, more than the returned lines received ({received_on_return(case)})")
-    need = NEEDS_EVIDENCE.get(case.claim or "")
-    read = (
-        need is not None and outcome.evidence.get(need) is not None and need not in outcome.evidence.get("failed", {})
     )
-    if need is not None and without_person and not read:
+    if disputed and (without_person or _read(outcome, "risk")):
+        found.append("pays while the charge has an open dispute")
+    received = received_on_return(case)
+    bounded = without_person or _read(outcome, "returns")
+    if (
+        case.claim in ("returned", "changed_mind")
+        and "returns" not in held.failing
+        and bounded
+        and outcome.amount > received
+    ):
+        found.append(f"pays {outcome.amount}, more than the returned lines received ({received})")
+    need = NEEDS_EVIDENCE.get(case.claim or "")
+    if need is not None and without_person and not _read(outcome, need):
         found.append(f"pays without a person on a {case.claim} claim with no {need} evidence read")
     return found
