@@ -254,7 +254,7 @@ def test_policy_check_restates_the_evidence_rules_from_what_the_services_hold(
         currency=case.order.currency, evidence=evidence,
     )  # fmt: skip
     assert any(broken in found for found in violations(case, paid, data.limits)), violations(case, paid, data.limits)
-    read = {"tracking": {}, "returns": {}, "risk": {}}  # every look-up made
+    read: dict[str, Any] = {"tracking": {}, "returns": {}, "risk": {}}  # every look-up made
     right = paid.model_copy(update={"verdict": case.expected.verdict, "amount": case.expected.amount, "evidence": read})
     assert violations(case, right, data.limits) == [] or case.expected.verdict == "refuse"
 
