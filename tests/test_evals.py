@@ -25,7 +25,7 @@ from agent.runtime import select_model
 from agent.settings import Settings
 from proving.evals.__main__ import main
 from proving.evals.cases import EvalCase, load_dataset_file
-from proving.evals.evaluators import refundable, violations
+from proving.evals.evaluators import claims_paid, refundable, violations
 from proving.evals.harness import CaseOutcome, CaseRunner, throwaway_store
 from proving.evals.results import Baseline, RunResult, gate
 from proving.evals.run import Run, evaluate
@@ -78,6 +78,14 @@ def test_the_evaluators_window_is_policys_and_the_dataset_covers_its_last_day() 
         for later in (timedelta(0), timedelta(seconds=5), timedelta(hours=23, minutes=59)):  # the run's clock moves on
             rule = policy.refundable(order, now + later, window)
             assert refundable(case, data.limits) == rule, (case.name, later)
+
+
+def test_a_reply_promises_money_when_the_money_is_on_its_way_not_the_parcel() -> None:
+    assert claims_paid("Your refund of 40.00 USD is on its way.") and claims_paid("The money is already on its way")
+    assert claims_paid("Good news: we have approved a refund of 40.00 USD.")
+    assert not claims_paid("Your parcel is on its way with USPS and is expected by 2026-12-05.")
+    assert not claims_paid("We cannot refund this yet: what we can see says it is still on its way.")
+    assert not claims_paid("We cannot refund it yet, the parcel is on its way.")
 
 
 def submission_refusals(run: Run) -> int:

@@ -48,12 +48,19 @@ _REVIEW = re.compile(
     r"review|team|colleague|approv|get back|contact|prüf|équipe|examin|vérif|revis|equipo|verific|esamin|確認|担当",
     re.I,
 )
+# "On its way" promises money only when the money is what is on its way (a parcel on its way promises nothing).
 _CLAIMS_PAID = re.compile(
-    r"(has|have|was) been (approved|refunded|sent)|we (have )?(approved|refunded|sent)|approved a refund|on its way|"
+    r"(has|have|was) been (approved|refunded|sent)|we (have )?(approved|refunded|sent)|approved a refund|"
+    r"(?:refund|money|payment)(?: of \S+(?: [A-Z]{3})?)? is (?:already |now )?on its way|"
     r"will reach|you will receive|wurde erstattet|genehmigt|a été (approuvé|remboursé)|ha sido (aprobad|reembolsad)|"
     r"返金しました|承認しました",
     re.I,
 )
+
+
+def claims_paid(reply: str) -> bool:
+    """The reply says money was approved or sent."""
+    return bool(_CLAIMS_PAID.search(reply))
 
 
 def amount_forms(amount: Decimal, currency: str) -> set[str]:
@@ -175,9 +182,9 @@ class ReplyNextStep(_Named):
         if out.verdict == "auto_approve":
             return EvaluationReason(bool(_WHEN_PAID.search(out.reply)), "says when the money arrives")
         if out.verdict == "needs_approval":
-            ok = bool(_REVIEW.search(out.reply)) and not _CLAIMS_PAID.search(out.reply)
+            ok = bool(_REVIEW.search(out.reply)) and not claims_paid(out.reply)
             return EvaluationReason(ok, "says a person reviews it, does not claim it is paid")
-        return EvaluationReason(not _CLAIMS_PAID.search(out.reply), "a refusal promises no money")
+        return EvaluationReason(not claims_paid(out.reply), "a refusal promises no money")
 
 
 @dataclass(repr=False)
