@@ -16,14 +16,12 @@ from pydantic_evals import Case, Dataset
 
 from agent import policy
 from agent.domain import ClaimCategory, RefundRequest, VerdictKind
-from sandbox.evidence_seed import EvidenceSeed, RiskSeed
+from proving.evals.case_evidence import CaseEvidence, EarlierRefund
 from steps.records import CURRENCY_EXPONENTS, Order, OrderStatus, quantize
 
 #: The look-up tools a case may expect (agent/brain.py's EVIDENCE_TOOLS).
 LookUpTool = Literal["track_shipment", "check_return", "check_payment_risk", "read_earlier_tickets"]
 LOOK_UP_TOOLS: tuple[str, ...] = ("track_shipment", "check_return", "check_payment_risk", "read_earlier_tickets")
-#: A service the harness makes fail for one case's look-ups (answers 500 for its tracking code or order).
-FailingService = Literal["carrier", "returns"]
 
 
 class _Frozen(BaseModel):
@@ -97,51 +95,6 @@ class Outcome(_Frozen):
         if (self.verdict == "refuse") != (self.amount == 0):
             raise ValueError("refuse pays 0, and only refuse pays 0")
         return self
-
-
-class EarlierRefund(_Frozen):
-    """A refund the customer asked for before (a row of the refunds table the case file's read finds)."""
-
-    order: str
-    """One of the case's orders, of the requesting customer."""
-    amount: Decimal
-    days: float
-    """How long ago it was asked for."""
-    status: str = "completed"
-
-
-class CaseEvidence(_Frozen):
-    """What the services hold for the case, in the evidence sandbox's seed format. Identifiers left out are the
-    requested order's: a tracker's carrier and code, a return's order id, a ticket's requester, a risk signal's
-    charge (and a dispute's amount and currency: the order's)."""
-
-    trackers: list[dict[str, Any]] = []
-    returns: list[dict[str, Any]] = []
-    tickets: list[dict[str, Any]] = []
-    early_fraud_warnings: list[dict[str, Any]] = []
-    disputes: list[dict[str, Any]] = []
-    failing: list[FailingService] = []
-    """Services that answer this case's look-ups with errors (the look-up fails through its retries)."""
-
-    def seeds(self, order: OrderSpec) -> tuple[EvidenceSeed, RiskSeed]:
-        requester = {"requester_email": order.email, "requester_name": order.name}
-        charge = {"charge": f"ch_{order.id}"}
-        minor = int(order.captured.scaleb(CURRENCY_EXPONENTS[order.currency]))
-        owed = {"amount": minor, "currency": order.currency.lower()}
-        evidence = EvidenceSeed.model_validate(
-            {
-                "trackers": [{"carrier": order.carrier, "tracking_code": order.tracking} | t for t in self.trackers],
-                "returns": [{"order_id": order.id, "currency": order.currency} | r for r in self.returns],
-                "tickets": [requester | t for t in self.tickets],
-            }
-        )
-        risk = RiskSeed.model_validate(
-            {
-                "early_fraud_warnings": [charge | w for w in self.early_fraud_warnings],
-                "disputes": [charge | owed | d for d in self.disputes],
-            }
-        )
-        return evidence, risk
 
 
 class EvalCase(_Frozen):
