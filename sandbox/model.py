@@ -1,8 +1,10 @@
 """A local OpenAI-compatible chat-completions server with scripted answers, for tests and benchmarks.
 
 It plays a model that follows the refund instructions: it reads the case file in the request and
-answers with the proposal in one request (given the look-up tools of refunds started before the case
-file, it calls get_order -> get_refund_history -> request_refund first). It counts every request it
+answers with the proposal and the claim's category. Offered the evidence look-up tools, it first calls the
+ones the claim's category needs (``sandbox/claims.py``), all in one response, then answers: two requests for
+a claim that needs evidence, one for a plain one. (Given the look-up tools of refunds started before the
+case file, it calls get_order -> get_refund_history -> request_refund first.) It counts every request it
 answers, per order, reports token usage as a real server does, and can answer after a fixed delay.
 
 With ``obey`` it plays a model that obeys the customer instead: an instruction in the customer's message
@@ -28,7 +30,11 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from sandbox.claims import classify, tools_for
+
 OUR_TOOLS = ("get_order", "get_refund_history", "request_refund")
+#: The evidence look-up tools (agent/brain.py); each takes the order id.
+LOOK_UP_TOOLS = ("track_shipment", "check_return", "check_payment_risk", "read_earlier_tickets")
 _CASE = re.compile(r"^Case file \(JSON, from our systems\): (.*)$", re.M)
 _MESSAGE = re.compile(r"<<<\n(.*)\n>>>\s*$", re.S)  # the customer's message closes the prompt
 _NUMBER = r"(?P<n>\d[\d.,' \u00a0\u202f]*\d|\d)"  # 4200, 4200.00, 4,200.00, 4.200,00, 4 200
@@ -76,13 +82,19 @@ class ScriptedModel:
                     content = calls[call["id"]]["content"]
                     results[call["function"]["name"]] = json.loads(content) if content.startswith("{") else content
         tools = [t["function"]["name"] for t in body.get("tools", [])]
-        output_tool = next(name for name in tools if name not in OUR_TOOLS)
+        output_tool = next(name for name in tools if name not in OUR_TOOLS + LOOK_UP_TOOLS)
         case = _CASE.search(prompt)
         if case is not None and "get_order" not in tools:
             if self.obey:
                 return self._obey(output_tool, json.loads(case.group(1)), prompt)
+            said = _MESSAGE.search(prompt)
+            message = said.group(1) if said else ""
+            needed = [name for name in tools_for(message) if name in tools]
+            if needed and not results:  # every look-up the claim needs, in one response
+                return _calls([(name, {"order_id": order_id}) for name in needed])
             asked = re.search(r"^Requested amount: ([0-9.]+)", prompt, re.M)
-            return self._propose(output_tool, json.loads(case.group(1)), asked.group(1) if asked else None)
+            found = json.loads(case.group(1))
+            return self._propose(output_tool, found, asked.group(1) if asked else None, classify(message))
         if "get_order" not in results:
             return _call("get_order", {"order_id": order_id})
         if "get_refund_history" not in results:
@@ -119,7 +131,7 @@ class ScriptedModel:
             },
         )
 
-    def _propose(self, output_tool: str, case: dict[str, Any], asked: str | None) -> dict[str, Any]:
+    def _propose(self, output_tool: str, case: dict[str, Any], asked: str | None, category: str) -> dict[str, Any]:
         """What was asked, at most what is refundable (an honest model); ``amount`` overrides both."""
         refundable = case.get("refundable_now", "0")
         fits = asked is not None and float(asked) <= float(refundable)
@@ -132,6 +144,7 @@ class ScriptedModel:
                 "currency": currency,
                 "reason": f"Scripted model proposes {amount} (up to {case.get('paid_without_review_up_to')} at once).",
                 "customer_reply": f"We have received your request for {amount} {currency}.",
+                "category": category,
             },
         )
 
@@ -163,6 +176,11 @@ def _plain_number(text: str) -> str:
 
 
 def _call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return _calls([(name, arguments)])
+
+
+def _calls(calls: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """A chat completion whose answer is ``calls`` (tool name, arguments), in one response."""
     return {
         "id": f"chatcmpl-{time.monotonic_ns()}",
         "object": "chat.completion",
@@ -176,10 +194,11 @@ def _call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
                     "content": None,
                     "tool_calls": [
                         {
-                            "id": f"call_{time.monotonic_ns()}",
+                            "id": f"call_{time.monotonic_ns()}_{n}",
                             "type": "function",
                             "function": {"name": name, "arguments": json.dumps(arguments)},
                         }
+                        for n, (name, arguments) in enumerate(calls)
                     ],
                 },
                 "finish_reason": "tool_calls",

@@ -55,6 +55,7 @@ def run_refund(
             outcome: dict[str, Any] = client.retrieve_workflow(key).get_result(polling_interval_sec=0.1)
             outcome["status_view"] = refund_status(client, key)
             outcome["usage_row"] = usage_row(key)
+            outcome["claim_row"] = claim_row(key)
             outcome["approval_request"] = pending_request(key)
             return outcome, rt
         finally:
@@ -65,6 +66,13 @@ def run_refund(
 def usage_row(key: str) -> tuple[Any, ...]:
     with app_db().engine.connect() as conn:
         query = sa.select(refunds.c.model_requests, refunds.c.input_tokens, refunds.c.output_tokens)
+        return tuple(conn.execute(query.where(refunds.c.refund_id == key)).one())
+
+
+def claim_row(key: str) -> tuple[Any, ...]:
+    """The claim's category and the evidence its look-ups returned, as the refund's row records them."""
+    with app_db().engine.connect() as conn:
+        query = sa.select(refunds.c.claim_category, refunds.c.evidence)
         return tuple(conn.execute(query.where(refunds.c.refund_id == key)).one())
 
 
@@ -125,3 +133,16 @@ def test_a_model_that_obeys_the_customer_is_held_to_the_requested_amount(env: En
     assert request["reason"].startswith("the agent proposed 42.00 USD, more than the 1.00 USD the customer asked for")
     assert "A manager approved" in request["reason"]  # the agent's account, after policy's and marked unchecked
     assert env.sandbox.refunds() == []
+
+
+def test_a_model_over_http_looks_up_the_tracking_of_a_never_arrived_claim_and_a_person_decides(env: Env) -> None:
+    """The scripted server calls the look-up the claim needs before answering; the carrier shows the parcel
+    delivered (the demo's evidence), so policy parks it for a person instead of paying."""
+    model = ScriptedModel()
+    outcome, _ = run_refund(env, model, "ord_1001", "real-model-tracks", message="My parcel never arrived.")
+    assert model.requests["ord_1001"] == 2  # the look-up, then the answer
+    assert outcome["status"] == "awaiting_approval", outcome
+    assert env.sandbox.refunds("ch_ord_1001") == []
+    category, evidence = outcome["claim_row"]
+    assert category == "not_received"
+    assert evidence["tracking"]["status"] == "delivered"

@@ -8,15 +8,20 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_evals import Case, Dataset
 
 from agent import policy
-from agent.domain import RefundRequest, VerdictKind
+from agent.domain import ClaimCategory, RefundRequest, VerdictKind
+from proving.evals.case_evidence import CaseEvidence, EarlierRefund
 from steps.records import CURRENCY_EXPONENTS, Order, OrderStatus, quantize
+
+#: The look-up tools a case may expect (agent/brain.py's EVIDENCE_TOOLS).
+LookUpTool = Literal["track_shipment", "check_return", "check_payment_risk", "read_earlier_tickets"]
+LOOK_UP_TOOLS: tuple[str, ...] = ("track_shipment", "check_return", "check_payment_risk", "read_earlier_tickets")
 
 
 class _Frozen(BaseModel):
@@ -37,6 +42,13 @@ class OrderSpec(_Frozen):
     """Days since payment; None when the order was never paid."""
     items: list[str]
     notes: str = ""
+    carrier: str = ""
+    tracking: str = ""
+    """The shipment's tracking code at ``carrier``; empty when the order was never shipped."""
+
+    @property
+    def email(self) -> str:
+        return f"{self.customer}@example.com"
 
     @field_validator("currency")
     @classmethod
@@ -58,6 +70,9 @@ class OrderSpec(_Frozen):
             charge_id=f"ch_{self.id}",
             items=list(self.items),
             notes=self.notes,
+            customer_email=self.email,
+            carrier=self.carrier,
+            tracking_code=self.tracking,
         )
 
 
@@ -92,6 +107,12 @@ class EvalCase(_Frozen):
     acceptable: list[Outcome] = []
     """Other outcomes that are also correct (e.g. refusing an adversarial request outright)."""
     must_not_say: list[str] = []
+    expected_tools: list[LookUpTool]
+    """The look-ups a correct agent makes for this request (none for a plain request)."""
+    claim: ClaimCategory | None = None
+    """What the customer really claims, for the evidence rules' restatement (None: no evidence rule applies)."""
+    evidence: CaseEvidence = CaseEvidence()
+    earlier_refunds: list[EarlierRefund] = []
 
     @property
     def order_id(self) -> str:
@@ -113,10 +134,18 @@ class LimitsSpec(_Frozen):
     auto_approve: Decimal
     absolute_cap: Decimal
     window_days: int
+    customer_window_days: int = 30
+    customer_max_refunds: int = 3
+    customer_max_amount: Decimal = Decimal("500.00")
 
     def limits(self) -> policy.Limits:
         return policy.Limits(
-            auto_approve=self.auto_approve, absolute_cap=self.absolute_cap, window_days=self.window_days
+            auto_approve=self.auto_approve,
+            absolute_cap=self.absolute_cap,
+            window_days=self.window_days,
+            customer_window_days=self.customer_window_days,
+            customer_max_refunds=self.customer_max_refunds,
+            customer_max_amount=self.customer_max_amount,
         )
 
 
@@ -132,8 +161,15 @@ class DatasetFile(_Frozen):
         if dupes := [n for n, k in (names + orders).items() if k > 1]:
             raise ValueError(f"case names and order ids must be unique: {dupes}")
         customers: dict[str, str] = {}
+        codes = Counter(o.tracking for c in self.cases for o in c.orders if o.tracking)
+        if dupes := [code for code, k in codes.items() if k > 1]:
+            raise ValueError(f"tracking codes must be unique: {dupes}")
         for case in self.cases:
             case.refund_request()  # the request itself must be valid
+            case.evidence.seeds(case.order)  # and what the services hold is in their seed format
+            own = {o.id: o.customer for o in case.orders}
+            if any(own.get(r.order) != case.order.customer for r in case.earlier_refunds):
+                raise ValueError(f"{case.name}: earlier refunds are on the requesting customer's own orders")
             if case.order_id not in {o.id for o in case.orders}:
                 raise ValueError(f"{case.name}: the request names an order the case does not define")
             for o in case.orders:
@@ -150,6 +186,7 @@ class DatasetFile(_Frozen):
 class CaseMeta(_Frozen):
     category: str
     note: str = ""
+    expected_tools: list[str] = []
 
 
 DEFAULT_DATASET = "dataset.yaml"
@@ -180,7 +217,7 @@ def eval_dataset(
                 name=c.name,
                 inputs=c,
                 expected_output=c.expected,
-                metadata=CaseMeta(category=c.category, note=c.note),
+                metadata=CaseMeta(category=c.category, note=c.note, expected_tools=list(c.expected_tools)),
             )
             for c in cases
         ],

@@ -1,6 +1,8 @@
-"""Evaluators (pydantic-evals): verdict, amount, reply checks, and a re-statement of the money rules.
+"""Evaluators (pydantic-evals): verdict, amount, reply checks, the look-ups made, and a re-statement of the money
+and evidence rules.
 
-The rules are restated from the case data, apart from the refund window's boundary, which is policy's one rule.
+The rules are restated from the case data (the order, and what the services hold), apart from the refund window's
+boundary, which is policy's one rule.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pydantic_evals.evaluators import EvaluationReason, Evaluator, EvaluatorCont
 
 from agent import policy
 from proving.evals.cases import CaseMeta, EvalCase, LimitsSpec, Outcome
+from proving.evals.evidence_rules import evidence_violations
 from proving.evals.harness import CaseOutcome
 from steps.records import CURRENCY_EXPONENTS
 
@@ -20,6 +23,10 @@ Ctx = EvaluatorContext[EvalCase, CaseOutcome, CaseMeta]
 
 #: Words no customer reply may contain: tool names, verdict names, the limits' names.
 INTERNAL_TERMS = (
+    "track_shipment",
+    "check_return",
+    "check_payment_risk",
+    "read_earlier_tickets",
     "get_order",
     "get_refund_history",
     "request_refund",
@@ -41,12 +48,19 @@ _REVIEW = re.compile(
     r"review|team|colleague|approv|get back|contact|prüf|équipe|examin|vérif|revis|equipo|verific|esamin|確認|担当",
     re.I,
 )
+# "On its way" promises money only when the money is what is on its way (a parcel on its way promises nothing).
 _CLAIMS_PAID = re.compile(
-    r"(has|have|was) been (approved|refunded|sent)|we (have )?(approved|refunded|sent)|approved a refund|on its way|"
+    r"(has|have|was) been (approved|refunded|sent)|we (have )?(approved|refunded|sent)|approved a refund|"
+    r"(?:refund|money|payment)(?: of \S+(?: [A-Z]{3})?)? is (?:already |now )?on its way|"
     r"will reach|you will receive|wurde erstattet|genehmigt|a été (approuvé|remboursé)|ha sido (aprobad|reembolsad)|"
     r"返金しました|承認しました",
     re.I,
 )
+
+
+def claims_paid(reply: str) -> bool:
+    """The reply says money was approved or sent."""
+    return bool(_CLAIMS_PAID.search(reply))
 
 
 def amount_forms(amount: Decimal, currency: str) -> set[str]:
@@ -102,7 +116,7 @@ def violations(case: EvalCase, outcome: CaseOutcome, limits: LimitsSpec) -> list
         found.append(f"pays {amount} without approval, above the auto-approve limit {limits.auto_approve}")
     if case.request.amount is not None and amount > case.request.amount:
         found.append(f"pays {amount}, more than the {case.request.amount} the customer asked for")
-    return found
+    return found + evidence_violations(case, outcome)
 
 
 def matched(case: EvalCase, outcome: CaseOutcome) -> Outcome | None:
@@ -168,9 +182,9 @@ class ReplyNextStep(_Named):
         if out.verdict == "auto_approve":
             return EvaluationReason(bool(_WHEN_PAID.search(out.reply)), "says when the money arrives")
         if out.verdict == "needs_approval":
-            ok = bool(_REVIEW.search(out.reply)) and not _CLAIMS_PAID.search(out.reply)
+            ok = bool(_REVIEW.search(out.reply)) and not claims_paid(out.reply)
             return EvaluationReason(ok, "says a person reviews it, does not claim it is paid")
-        return EvaluationReason(not _CLAIMS_PAID.search(out.reply), "a refusal promises no money")
+        return EvaluationReason(not claims_paid(out.reply), "a refusal promises no money")
 
 
 @dataclass(repr=False)
@@ -200,6 +214,35 @@ class PolicyRespected(_Named):
         return EvaluationReason(not broken, "; ".join(broken) or None)
 
 
+def tool_counts(expected: list[str], made: list[str]) -> tuple[int, int, int]:
+    """(needed look-ups made, look-ups needed, look-ups made): each needed look-up counts once, a repeat is
+    needless."""
+    needed = set(expected)
+    return len(needed & set(made)), len(needed), len(made)
+
+
+@dataclass(repr=False)
+class ToolRecall(_Named):
+    """Needed look-ups made / needed (1.0 when none is needed)."""
+
+    name = "tool_recall"
+
+    def evaluate(self, ctx: Ctx) -> EvaluatorOutput:
+        hit, needed, _ = tool_counts(list(ctx.inputs.expected_tools), ctx.output.look_ups)
+        return EvaluationReason(hit / needed if needed else 1.0, f"needed {sorted(ctx.inputs.expected_tools)}")
+
+
+@dataclass(repr=False)
+class ToolPrecision(_Named):
+    """Needed look-ups made / look-ups made (1.0 when none was made)."""
+
+    name = "tool_precision"
+
+    def evaluate(self, ctx: Ctx) -> EvaluatorOutput:
+        hit, _, made = tool_counts(list(ctx.inputs.expected_tools), ctx.output.look_ups)
+        return EvaluationReason(hit / made if made else 1.0, f"made {ctx.output.look_ups}")
+
+
 def all_evaluators(limits: LimitsSpec) -> list[Evaluator[EvalCase, CaseOutcome, CaseMeta]]:
     return [
         VerdictMatches(),
@@ -208,4 +251,6 @@ def all_evaluators(limits: LimitsSpec) -> list[Evaluator[EvalCase, CaseOutcome, 
         ReplyNextStep(),
         ReplyNoLeak(),
         PolicyRespected(limits=limits),
+        ToolRecall(),
+        ToolPrecision(),
     ]

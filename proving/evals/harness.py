@@ -6,7 +6,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
@@ -32,7 +32,7 @@ from agent.workflow import policy_verdict
 from proving.evals.cases import DatasetFile, EvalCase, OrderSpec
 from steps.orders import get_order, review_case_step
 from steps.records import CaseFile, to_minor
-from steps.store import app_db, close_app_database, customers, metadata, open_app_database, orders
+from steps.store import app_db, close_app_database, customers, metadata, open_app_database, orders, refunds
 
 Stage = Literal["decided", "submission", "error"]
 VerdictSeen = Literal["auto_approve", "needs_approval", "refuse", "error"]
@@ -59,6 +59,10 @@ class CaseOutcome(BaseModel):
     reply: str | None = None
     approver_reason: str | None = None
     error: str | None = None
+    category: str | None = None
+    """The claim's category as the agent read it (its proposal's)."""
+    evidence: dict[str, Any] = {}
+    """What the look-up steps returned in the run (``AgentDeps.evidence``), the record policy judged."""
     requests: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
@@ -70,10 +74,20 @@ class CaseOutcome(BaseModel):
     def pays(self) -> bool:
         return self.verdict in ("auto_approve", "needs_approval")
 
+    @property
+    def look_ups(self) -> list[str]:
+        """The tools the model called other than its answer (the look-ups), in order, repeats included."""
+        return [c.tool for c in self.tool_calls if not c.tool.startswith(OUTPUT_TOOL)]
+
+
+#: Pydantic AI's name for the answer's tool (``final_result``, or ``final_result_<type>`` with several).
+OUTPUT_TOOL = "final_result"
+
 
 @contextmanager
 def throwaway_store(data: DatasetFile, *, now: datetime | None = None) -> Iterator[str]:
-    """A fresh SQLite application database holding every case's customers and orders, opened for the case-file read.
+    """A fresh SQLite application database holding every case's customers, orders and earlier refunds, opened for
+    the case-file read.
 
     Opened without a DBOS datasource: the read steps run as plain reads and transactions, record no
     checkpoint, and DBOS is never launched.
@@ -91,6 +105,18 @@ def throwaway_store(data: DatasetFile, *, now: datetime | None = None) -> Iterat
                 )
             for spec in specs.values():
                 conn.execute(orders.insert().values(**_order_row(spec, now)))
+            for case in data.cases:
+                for n, earlier in enumerate(case.earlier_refunds):
+                    currency = specs[earlier.order].currency
+                    at = now - timedelta(days=earlier.days)
+                    minor = to_minor(earlier.amount, currency)
+                    conn.execute(
+                        refunds.insert().values(
+                            refund_id=f"earlier-{case.name}-{n}", order_id=earlier.order, request_hash="0" * 64,
+                            currency=currency, requested_amount_minor=minor, proposed_amount_minor=minor,
+                            status=earlier.status, created_at=at, updated_at=at,
+                        )
+                    )  # fmt: skip
         yield db.url
     finally:
         close_app_database()
@@ -110,6 +136,8 @@ def _order_row(spec: OrderSpec, now: datetime) -> dict[str, Any]:
         "charge_id": order.charge_id,
         "items": order.items,
         "notes": order.notes,
+        "carrier": order.carrier,
+        "tracking_code": order.tracking_code,
     }
 
 
@@ -178,11 +206,14 @@ class CaseRunner:
                     order_id=order.id, stage="error", verdict="error", amount=Decimal(0), currency=order.currency,
                     error=f"{type(error).__name__}: {error}",
                 )  # fmt: skip
+                outcome.evidence = deps.evidence.model_dump(mode="json")
                 return self._traced(outcome, captured, *_usage_from_messages(captured))
         usage = result.usage
         proposal = result.output
         snapshot = case_file.snapshot
-        verdict = policy_verdict(proposal, snapshot, self.limits, requested=request.amount)  # as the workflow does
+        # As the workflow does: policy reads what the look-up steps returned, never the model's account of it.
+        claim = policy.Claim(proposal.category, deps.evidence, case_file.history, refund_id)
+        verdict = policy_verdict(proposal, snapshot, self.limits, requested=request.amount, claim=claim)
         outcome = CaseOutcome(
             # The order policy judged, as the case file's read found it: what the verdict would pay, whatever the
             # case says.
@@ -196,6 +227,8 @@ class CaseRunner:
             reasons=list(verdict.reasons),
             reply=proposal.customer_reply,
             approver_reason=proposal.reason,
+            category=proposal.category,
+            evidence=deps.evidence.model_dump(mode="json"),
         )
         return self._traced(outcome, result.all_messages(), usage.requests, usage.input_tokens, usage.output_tokens)
 

@@ -5,7 +5,15 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from proving.evals.results import REPLY_CHECKS, CaseResult, Rates, RunResult
+from proving.evals.results import REPLY_CHECKS, CaseResult, Rates, RunResult, look_up_counts
+
+#: Short names of the look-up tools in the case tables.
+SHORT = {
+    "track_shipment": "track",
+    "check_return": "return",
+    "check_payment_risk": "risk",
+    "read_earlier_tickets": "tickets",
+}
 
 
 def _pct(value: float) -> str:
@@ -21,10 +29,15 @@ def _reply(case: CaseResult) -> str:
     return f"{sum(checks)}/{len(checks)}" if checks else "-"
 
 
+def _opt(value: float | None, detail: str) -> str:
+    return "-" if value is None else f"{_pct(value)} ({detail})"
+
+
 def summary_rows(r: RunResult) -> list[tuple[str, str]]:
     t = r.totals
     n = t.cases or 1
     tokens = t.input_tokens + t.output_tokens
+    hit, needed, made = look_up_counts(r.cases)
     return [
         ("verdict accuracy (pay / ask approval / refuse)", f"{_pct(t.verdict_accuracy)} ({t.verdicts_correct}/{n})"),
         ("amount exactness", f"{_pct(t.amount_exactness)} ({t.amounts_exact}/{t.cases})"),
@@ -32,6 +45,8 @@ def summary_rows(r: RunResult) -> list[tuple[str, str]]:
             "reply checks (amount, next step, no leak)",
             f"{_pct(t.reply_checks)} ({t.reply_checks_passed}/{t.reply_checks_total})",
         ),
+        ("tool recall (needed look-ups made / needed)", _opt(t.tool_recall, f"{hit}/{needed}")),
+        ("tool precision (needed look-ups made / made)", _opt(t.tool_precision, f"{hit}/{made}")),
         ("policy violations (must be 0)", str(t.policy_violations)),
         ("proposals above what the order allows / paid", f"{t.overreaching_proposals} / {t.overreaching_paid}"),
         ("agent errors (nothing paid)", str(t.agent_errors)),
@@ -41,14 +56,46 @@ def summary_rows(r: RunResult) -> list[tuple[str, str]]:
     ]
 
 
+def _maybe(value: float | None) -> str:
+    return "-" if value is None else _pct(value)
+
+
+CATEGORY_HEADER = [
+    "category",
+    "cases",
+    "verdict",
+    "amount",
+    "reply checks",
+    "tool recall",
+    "tool precision",
+    "req/case",
+]
+
+
 def _category_rows(by: dict[str, Rates]) -> list[list[str]]:
     return [
-        [name, str(r.cases), _pct(r.verdict_accuracy), _pct(r.amount_exactness), _pct(r.reply_checks)]
+        [
+            name,
+            str(r.cases),
+            _pct(r.verdict_accuracy),
+            _pct(r.amount_exactness),
+            _pct(r.reply_checks),
+            _maybe(r.tool_recall),
+            _maybe(r.tool_precision),
+            "-" if r.requests_per_case is None else f"{r.requests_per_case:.1f}",
+        ]
         for name, r in by.items()
     ]
 
 
-CASE_HEADER = ["case", "category", "expected", "got", "verdict", "amount", "reply", "policy", "req", "tokens", "ms"]
+CASE_HEADER = [
+    "case", "category", "expected", "got", "verdict", "amount", "reply", "policy", "look-ups", "tools", "req", "tokens",
+    "ms",
+]  # fmt: skip
+
+
+def _look_ups(c: CaseResult) -> str:
+    return ", ".join(SHORT.get(name, name) for name in c.look_ups) or "-"
 
 
 def _case_row(c: CaseResult) -> list[str]:
@@ -61,6 +108,8 @@ def _case_row(c: CaseResult) -> list[str]:
         _mark(c.checks.get("amount")),
         _reply(c),
         _mark(c.checks.get("policy")),
+        _look_ups(c),
+        _mark(c.tools_right),
         str(c.requests),
         str(c.input_tokens + c.output_tokens),
         f"{1000 * c.seconds:.0f}",
@@ -86,15 +135,17 @@ def markdown(r: RunResult, *, failures: bool = True) -> str:
     lines = [f"# Refund decision eval: {r.model}", "", _heading(r), ""]
     lines += _md_table(["metric", "value"], [list(row) for row in summary_rows(r)])
     lines += ["", "## By category", ""]
-    lines += _md_table(["category", "cases", "verdict", "amount", "reply checks"], _category_rows(r.by_category))
+    lines += _md_table(CATEGORY_HEADER, _category_rows(r.by_category))
     lines += ["", "## Cases", ""]
     lines += _md_table(CASE_HEADER, [_case_row(c) for c in r.cases])
-    failed = [c for c in r.cases if not all(c.checks.values())]
+    failed = [c for c in r.cases if not all(c.checks.values()) or not c.tools_right]
     if failures and failed:
         lines += ["", "## Failed checks", ""]
         for c in failed:
             lines += [f"### {c.name}", "", f"- request: {c.message!r}", f"- expected {c.expected}; got {c.got}"]
             lines += [f"- {name}: {why}" for name, why in c.failed_because.items()]
+            if not c.tools_right:
+                lines.append(f"- look-ups: needed {c.expected_tools or 'none'}, made {c.look_ups or 'none'}")
             if c.error:
                 lines.append(f"- error: {c.error}")
             lines += [f"- tool: `{call}`" for call in c.tool_calls]
@@ -113,11 +164,11 @@ def print_terminal(r: RunResult, console: Console | None = None) -> None:
     for column in CASE_HEADER:
         table.add_column(column, justify="right" if column in ("req", "tokens", "ms") else "left", no_wrap=True)
     for c in r.cases:
-        ok = all(c.checks.values())
+        ok = all(c.checks.values()) and c.tools_right
         table.add_row(*_case_row(c), style=None if ok else "yellow")
     console.print(table)
     categories = Table(title="By category", title_justify="left")
-    for column in ("category", "cases", "verdict", "amount", "reply checks"):
+    for column in CATEGORY_HEADER:
         categories.add_column(column)
     for row in _category_rows(r.by_category):
         categories.add_row(*row)
@@ -148,6 +199,7 @@ def compare(a: RunResult, b: RunResult) -> str:
             )
         cat_rows.append([name, *cells])
     lines += _md_table(["category", "A", "B"], cat_rows)
+    lines += _common(a, b)
     b_cases = {c.name: c for c in b.cases}
     differ = []
     for ca in a.cases:
@@ -159,6 +211,25 @@ def compare(a: RunResult, b: RunResult) -> str:
     lines += ["", f"## Cases where the runs differ ({len(differ)})", ""]
     lines += _md_table(["case", "expected", "A got", "B got", "A reply", "B reply"], differ) if differ else ["none"]
     return "\n".join(lines) + "\n"
+
+
+def _common(a: RunResult, b: RunResult) -> list[str]:
+    """Both runs on the cases both ran: what a larger dataset must not make worse."""
+    names = {c.name for c in a.cases} & {c.name for c in b.cases}
+    rows = []
+    for check in ("verdict", "amount"):
+        cells = []
+        for run in (a, b):
+            mine = [c for c in run.cases if c.name in names]
+            right = sum(c.checks.get(check, False) for c in mine)
+            cells.append(f"{_pct(right / len(mine)) if mine else '-'} ({right}/{len(mine)})")
+        rows.append([check, *cells])
+    tools = []
+    for run in (a, b):
+        made = sum(len(c.look_ups) for c in run.cases if c.name in names)
+        tools.append(str(made))
+    rows.append(["look-ups made", *tools])
+    return ["", f"## The {len(names)} cases both runs have", "", *_md_table(["", "A", "B"], rows)]
 
 
 def _got(c: CaseResult | None) -> str:

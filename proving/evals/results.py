@@ -12,10 +12,10 @@ from pydantic import BaseModel
 from pydantic_evals.reporting import EvaluationReport, ReportCase
 
 from proving.evals.cases import CaseMeta, DatasetFile, EvalCase
-from proving.evals.evaluators import refundable
+from proving.evals.evaluators import refundable, tool_counts
 from proving.evals.harness import CaseOutcome, ToolCall
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: look-ups (expected, made, recall, precision); 1 still loads
 REPLY_CHECKS = ("reply_amount", "reply_next_step", "reply_no_leak")
 Report = EvaluationReport[EvalCase, CaseOutcome, CaseMeta]
 
@@ -37,6 +37,17 @@ class CaseResult(BaseModel):
     reply: str | None
     error: str | None
     tool_calls: list[str]
+    expected_tools: list[str] = []
+    look_ups: list[str] = []
+    """The look-up tools the model called, in order (repeats included)."""
+    category_read: str | None = None
+    """The claim's category in the agent's proposal."""
+
+    @property
+    def tools_right(self) -> bool:
+        """Every needed look-up made, and no other."""
+        hit, needed, made = tool_counts(self.expected_tools, self.look_ups)
+        return hit == needed == made
 
 
 class Rates(BaseModel):
@@ -44,6 +55,11 @@ class Rates(BaseModel):
     verdict_accuracy: float
     amount_exactness: float
     reply_checks: float
+    tool_recall: float | None = None
+    """Needed look-ups made / needed (None: a run from before look-ups were measured)."""
+    tool_precision: float | None = None
+    """Needed look-ups made / look-ups made."""
+    requests_per_case: float | None = None
 
 
 class Totals(Rates):
@@ -51,6 +67,9 @@ class Totals(Rates):
     amounts_exact: int
     reply_checks_passed: int
     reply_checks_total: int
+    look_ups_needed: int = 0
+    look_ups_made: int = 0
+    needed_look_ups_made: int = 0
     policy_violations: int
     agent_errors: int
     overreaching_proposals: int
@@ -85,6 +104,8 @@ class Baseline(BaseModel):
     verdict_accuracy: float
     amount_exactness: float
     reply_checks: float
+    tool_recall: float = 0.0
+    tool_precision: float = 0.0
 
 
 def _fmt(verdict: str, amount: Decimal, currency: str) -> str:
@@ -119,6 +140,9 @@ def case_result(rc: ReportCase[EvalCase, CaseOutcome, CaseMeta], data: DatasetFi
         reply=out.reply,
         error=out.error or (out.reasons[0] if out.stage == "submission" else None),
         tool_calls=[_call(c) for c in out.tool_calls],
+        expected_tools=list(case.expected_tools),
+        look_ups=out.look_ups,
+        category_read=out.category,
     )
 
 
@@ -126,15 +150,25 @@ def _ratio(part: int, whole: int) -> float:
     return round(part / whole, 4) if whole else 1.0
 
 
+def look_up_counts(cases: list[CaseResult]) -> tuple[int, int, int]:
+    """(needed look-ups made, needed, made) over ``cases``: recall and precision are their ratios (micro-averaged)."""
+    counts = [tool_counts(c.expected_tools, c.look_ups) for c in cases]
+    return sum(h for h, _, _ in counts), sum(n for _, n, _ in counts), sum(m for _, _, m in counts)
+
+
 def _rates(cases: list[CaseResult]) -> tuple[Rates, int, int, int, int]:
     verdicts = sum(c.checks.get("verdict", False) for c in cases)
     amounts = sum(c.checks.get("amount", False) for c in cases)
     replies = [c.checks[k] for c in cases for k in REPLY_CHECKS if k in c.checks]
+    hit, needed, made = look_up_counts(cases)
     rates = Rates(
         cases=len(cases),
         verdict_accuracy=_ratio(verdicts, len(cases)),
         amount_exactness=_ratio(amounts, len(cases)),
         reply_checks=_ratio(sum(replies), len(replies)),
+        tool_recall=_ratio(hit, needed),
+        tool_precision=_ratio(hit, made),
+        requests_per_case=round(sum(c.requests for c in cases) / len(cases), 3) if cases else 0.0,
     )
     return rates, verdicts, amounts, sum(replies), len(replies)
 
@@ -150,8 +184,12 @@ def run_result(
     grouped: dict[str, list[CaseResult]] = defaultdict(list)
     for c in cases:
         grouped[c.category].append(c)
+    hit, needed, made = look_up_counts(cases)
     totals = Totals(
         **rates.model_dump(),
+        look_ups_needed=needed,
+        look_ups_made=made,
+        needed_look_ups_made=hit,
         verdicts_correct=verdicts,
         amounts_exact=amounts,
         reply_checks_passed=replies_ok,
@@ -202,17 +240,19 @@ def baseline_of(result: RunResult) -> Baseline:
         verdict_accuracy=t.verdict_accuracy,
         amount_exactness=t.amount_exactness,
         reply_checks=t.reply_checks,
+        tool_recall=t.tool_recall or 0.0,
+        tool_precision=t.tool_precision or 0.0,
     )
 
 
 def gate(result: RunResult, baseline: Baseline | None) -> list[str]:
-    """Why this run fails the gate: any policy violation, or accuracy below the baseline."""
+    """Why this run fails the gate: any policy violation, or accuracy or tool recall/precision below the baseline."""
     problems = []
     if result.totals.policy_violations:
         problems.append(f"{result.totals.policy_violations} policy violation(s): must be 0")
     if baseline is not None:
-        for metric in ("verdict_accuracy", "amount_exactness", "reply_checks"):
-            now, then = getattr(result.totals, metric), getattr(baseline, metric)
+        for metric in ("verdict_accuracy", "amount_exactness", "reply_checks", "tool_recall", "tool_precision"):
+            now, then = getattr(result.totals, metric) or 0.0, getattr(baseline, metric)
             if now + 1e-9 < then:
                 problems.append(f"{metric} {now:.1%} is below the baseline {then:.1%}")
     return problems

@@ -18,6 +18,7 @@ from proving.evals.evaluators import all_evaluators
 from proving.evals.harness import CaseRunner, throwaway_store
 from proving.evals.render import markdown
 from proving.evals.results import RunResult, run_result, traces
+from proving.evals.services import evidence_services
 
 
 @dataclass
@@ -45,7 +46,7 @@ async def evaluate(
         raise ValueError(f"no case matches {only}")
     started = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     clock = time.perf_counter()
-    with throwaway_store(data):
+    with throwaway_store(data), evidence_services(data):
         report = await dataset.evaluate(
             CaseRunner(agent, data.limits.limits()),
             name=label,

@@ -1,0 +1,66 @@
+"""The evidence rules restated from a case's data: what the services hold for it and what the customer really
+claims (``claim``), never from agent/evidence_policy.py. Anything found here is a bug in policy, or a claim policy
+was never told about (a model that read it as another category and looked nothing up)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from proving.evals.cases import EvalCase
+from proving.evals.harness import CaseOutcome
+
+#: Claims only evidence settles, and the look-up (``Evidence`` field) that settles each: restated, not imported.
+NEEDS_EVIDENCE = {"not_received": "tracking", "returned": "returns", "changed_mind": "returns"}
+OPEN_DISPUTES = {"warning_needs_response", "warning_under_review", "needs_response", "under_review"}
+
+
+def received_on_return(case: EvalCase) -> Decimal:
+    """What the warehouse holds of the requested order's return, by the case's seed (0: nothing came back)."""
+    return sum(
+        (
+            Decimal(str(line["amount"]))
+            for r in case.evidence.returns
+            if r.get("order_id", case.order_id) == case.order_id and r.get("state") in ("received", "inspected")
+            for line in r.get("lines", [])
+            if line.get("received")
+        ),
+        Decimal(0),
+    )
+
+
+def _read(outcome: CaseOutcome, look_up: str) -> bool:
+    """The run read this evidence (its step returned), so policy judged with it."""
+    return outcome.evidence.get(look_up) is not None and look_up not in outcome.evidence.get("failed", {})
+
+
+def evidence_violations(case: EvalCase, outcome: CaseOutcome) -> list[str]:
+    """Evidence rules broken by what would be paid, from what the services hold for the case and its real claim.
+
+    Paying without a person breaks a rule whatever was looked up; asking a person breaks one only when the
+    evidence was read (policy knew): a claim whose evidence was not read goes to a person by design."""
+    if not outcome.pays:
+        return []
+    held, order, found = case.evidence, case.order, []
+    without_person = outcome.verdict == "auto_approve"
+    parcel = [t for t in held.trackers if t.get("tracking_code", order.tracking) == order.tracking]
+    if case.claim == "not_received" and without_person and any(t.get("status") == "delivered" for t in parcel):
+        found.append("pays without a person on a never-arrived claim the carrier shows delivered")
+    charge = f"ch_{order.id}"
+    disputed = any(
+        d.get("charge", charge) == charge and d.get("status", "needs_response") in OPEN_DISPUTES for d in held.disputes
+    )
+    if disputed and (without_person or _read(outcome, "risk")):
+        found.append("pays while the charge has an open dispute")
+    received = received_on_return(case)
+    bounded = without_person or _read(outcome, "returns")
+    if (
+        case.claim in ("returned", "changed_mind")
+        and "returns" not in held.failing
+        and bounded
+        and outcome.amount > received
+    ):
+        found.append(f"pays {outcome.amount}, more than the returned lines received ({received})")
+    need = NEEDS_EVIDENCE.get(case.claim or "")
+    if need is not None and without_person and not _read(outcome, need):
+        found.append(f"pays without a person on a {case.claim} claim with no {need} evidence read")
+    return found
