@@ -261,6 +261,8 @@ def test_sigkill_while_investigating_then_restart_looks_up_again_only_what_was_n
             outcome = cluster.finished(refund_id)
             assert outcome["status"] == "completed", cluster.dump_logs()
             steps = [s["function_name"] for s in cluster.client.list_workflow_steps(refund_id, load_output=False)]
+            with app_db().engine.connect() as conn:
+                assert audit.verify(conn).ok
         finally:
             cluster.close()
     [held] = env.sandbox.refunds(f"ch_{order_id}")
@@ -271,5 +273,3 @@ def test_sigkill_while_investigating_then_restart_looks_up_again_only_what_was_n
     assert sum(name.startswith("evidence.") for name in steps) == 1
     # The first model request (which asked for the look-up) was checkpointed before the kill and never re-sent.
     assert model.requests[order_id] == 2
-    with app_db().engine.connect() as conn:
-        assert audit.verify(conn).ok
