@@ -21,8 +21,11 @@ import psycopg
 import pytest
 
 from proving.chaos import ChaosConfig, run_chaos
-from proving.chaos.plan import Limits, expected_outcome, make_plan
+from proving.chaos.evidence import CLAIM_MESSAGES, evidence_seed
+from proving.chaos.plan import CRASH_POINTS, MESSAGES, Limits, expected_outcome, make_plan
 from proving.chaos.verdict import Observed, judge
+from sandbox.claims import classify, tools_for
+from steps.faults import CRASH_POINTS as KNOWN_CRASH_POINTS
 from steps.records import to_minor
 from tests.conftest import PG_SERVER
 
@@ -59,6 +62,39 @@ def test_expected_outcomes_restate_the_money_rules() -> None:
     assert expected_outcome(replace(base, days_since_payment=61), limits)[0] == "rejected"
     assert expected_outcome(replace(base, refunded=Decimal(400), amount=Decimal(200)), limits)[0] == "rejected"
     assert expected_outcome(replace(base, captured=Decimal(10001)), limits)[0] == "rejected"
+
+
+def test_investigating_refunds_claim_a_lost_parcel_the_carrier_can_answer_for() -> None:
+    plan = make_plan(seed=7, refunds=200, kills=0, workers=1, pg_restart=False)
+    investigating = [p for p in plan.refunds if p.carrier_says is not None]
+    assert {p.carrier_says for p in investigating} == {"return_to_sender", "in_transit"}
+    assert {p.expected for p in investigating} >= {"completed", "rejected"}
+    assert "approve" in {p.decision for p in investigating if p.carrier_says == "return_to_sender"}  # over the limit
+    assert all(p.expected == "rejected" for p in investigating if p.carrier_says == "in_transit")
+    for message in CLAIM_MESSAGES:  # read as "never arrived", needing the carrier's tracking and nothing else
+        assert classify(message) == "not_received" and tools_for(message) == ("track_shipment",), message
+    for message in (*CLAIM_MESSAGES, *MESSAGES):  # a digit would be read as the amount asked for
+        assert not any(c.isdigit() for c in message), message
+    assert all(tools_for(message) == () for message in MESSAGES)  # the others are decided without a look-up
+    trackers = {(t["carrier"], t["tracking_code"]): t["status"] for t in evidence_seed(plan.refunds)["trackers"]}
+    assert trackers == {(p.carrier, p.tracking_code): p.carrier_says for p in investigating}
+    assert all(not p.tracking_code for p in plan.refunds if p.carrier_says is None)
+    # One customer per refund: the serial-claimant rule never sees another planned refund of the same customer.
+    assert len({p.customer_id for p in plan.refunds}) == len(plan.refunds)
+    assert set(CRASH_POINTS) <= KNOWN_CRASH_POINTS and "after_carrier_answered" in CRASH_POINTS
+
+
+def test_a_parcel_in_transit_is_refused_and_one_returned_to_sender_follows_the_money_rules() -> None:
+    plan = make_plan(seed=1, refunds=1, kills=0, workers=1, pg_restart=False)
+    base = replace(plan.refunds[0], captured=Decimal("500.00"), refunded=Decimal(0), amount=None, decision=None)
+    limits = Limits()
+    moving, back = replace(base, carrier_says="in_transit"), replace(base, carrier_says="return_to_sender")
+    assert expected_outcome(replace(moving, amount=Decimal("20.00")), limits) == ("rejected", Decimal(0))
+    assert expected_outcome(replace(moving, decision="approve"), limits) == ("rejected", Decimal(0))
+    assert expected_outcome(replace(back, amount=Decimal("20.00")), limits) == ("completed", Decimal("20.00"))
+    assert expected_outcome(back, limits) == ("awaiting_approval", Decimal(0))
+    assert expected_outcome(replace(back, decision="approve"), limits) == ("completed", Decimal("500.00"))
+    assert expected_outcome(replace(back, order_status="disputed"), limits)[0] == "rejected"
 
 
 def _clean_evidence(seed: int = 5) -> tuple[Any, dict[str, Observed], list[dict[str, Any]]]:
@@ -103,6 +139,21 @@ def test_judge_passes_clean_evidence_and_names_every_kind_of_violation() -> None
     assert checks["wrong_amounts"] == 1 and checks["service_book_mismatches"] == 1
     assert any("refunded totals" in v for v in verdict["violations"])
     assert any("audit chain broken" in v for v in verdict["violations"])
+
+
+def test_judge_counts_look_ups_and_names_an_investigating_refund_decided_without_one() -> None:
+    plan, observed, ledger = _clean_evidence(seed=7)
+    investigating = [p.refund_id for p in plan.refunds if p.carrier_says is not None]
+    assert investigating
+    verdict = judge(plan, observed, ledger, audit=OK_AUDIT, faults={}, look_ups=dict.fromkeys(investigating, 1))
+    assert verdict["ok"], verdict["violations"]
+    assert (
+        verdict["investigating"]["refunds"] == verdict["investigating"]["tracking_look_up_steps"] == len(investigating)
+    )
+    skipped = {**dict.fromkeys(investigating, 1), investigating[0]: 0}
+    verdict = judge(plan, observed, ledger, audit=OK_AUDIT, faults={}, look_ups=skipped)
+    assert not verdict["ok"] and verdict["checks"]["investigations_without_a_look_up"] == 1
+    assert verdict["examples"]["investigations_without_a_look_up"] == [investigating[0]]
 
 
 def test_judge_expects_a_refund_the_provider_failed_to_end_failed_and_catches_one_booked_as_paid() -> None:
@@ -169,7 +220,7 @@ def chaos_run(tmp_path_factory: pytest.TempPathFactory) -> ChaosRun:
         refunds=40,
         kills=5,
         workers=1,
-        seed=2026,
+        seed=2089,  # 11 refunds investigate (in transit; returned: paid, parked, decided); after_carrier_answered armed
         postgres_url=postgres,
         fail_rate=0.15,
         drop_rate=0.15,
@@ -206,6 +257,10 @@ def test_small_chaos_run_with_kills_and_payment_faults_has_no_violation(chaos_ru
     assert verdict["refunded"]["failed_at_provider"] == faults["provider_refunds_failed_late"]
     assert verdict["checks"]["booked_paid_but_failed_at_provider"] == 0
     assert verdict["checks"]["unsettled_at_provider"] == 0
+    # Refunds that investigate: each decided on exactly one recorded tracking look-up, whatever was killed.
+    investigating = verdict["investigating"]
+    assert investigating["refunds"] == 11 and investigating["tracking_look_up_steps"] == 11
+    assert investigating["carrier_requests"] >= 11 and verdict["checks"]["investigations_without_a_look_up"] == 0
 
 
 def test_small_chaos_run_survives_a_postgres_restart(chaos_run: ChaosRun) -> None:

@@ -1,4 +1,4 @@
-"""The service under test as real processes: a payments sandbox, ``serve`` and workers, killed at will.
+"""The service under test as real processes: the payments and evidence sandboxes, ``serve`` and workers, killed at will.
 
 A killed process is relaunched with the same executor id, so DBOS recovers the workflows it held.
 """
@@ -161,6 +161,21 @@ class Cluster:
         httpx.put(
             f"{self.sandbox_url}/_sandbox/webhook", json=target, headers=self.sandbox_auth(), timeout=10
         ).raise_for_status()
+
+    def load_evidence(self, seed: dict[str, Any]) -> dict[str, int]:
+        """Replace what the evidence sandbox serves (``PUT /_sandbox/data``): the plan's trackers."""
+        response = httpx.put(f"{self.evidence_url}/_sandbox/data", json=seed, headers=self.evidence_auth(), timeout=60)
+        return dict(response.raise_for_status().json())
+
+    def evidence_stats(self) -> dict[str, int]:
+        """Requests each evidence API served (``carrier``: tracking look-ups, repeated ones included)."""
+        response = httpx.get(f"{self.evidence_url}/_sandbox/stats", headers=self.evidence_auth(), timeout=10)
+        return dict(response.raise_for_status().json())
+
+    def evidence_auth(self) -> dict[str, str]:
+        # `sandbox-evidence` as started here has no admin key configured and takes any non-empty one (an empty
+        # one is refused): the run's payments key serves, as it does for the payments sandbox.
+        return {"Authorization": f"Bearer {self.payments_key}"}
 
     def sandbox_auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.payments_key}"}

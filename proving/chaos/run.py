@@ -23,9 +23,12 @@ from agent.domain import refund_id_of
 from agent.status import speaking
 from proving.chaos.cluster import Cluster
 from proving.chaos.driver import Driver
-from proving.chaos.plan import Plan, insert_orders, make_plan, provider_charges
+from proving.chaos.evidence import evidence_seed
+from proving.chaos.plan import Plan, make_plan
+from proving.chaos.seeding import insert_orders, provider_charges
 from proving.chaos.verdict import TERMINAL, Observed, judge, render
 from steps import audit, clients
+from steps.evidence import TRACK_SHIPMENT_STEP
 from steps.store import create_engine, orders, refunds
 
 log = logging.getLogger(__name__)
@@ -140,6 +143,16 @@ def _observe(plan: Plan, engine: sa.Engine, client: DBOSClient, accepted: set[st
     return observed
 
 
+def _tracking_look_ups(plan: Plan, client: DBOSClient) -> dict[str, int]:
+    """Recorded tracking look-up steps per investigating refund (its deciding workflow's steps; one listing each)."""
+    found: dict[str, int] = {}
+    for p in plan.refunds:
+        if p.carrier_says is not None:
+            steps = client.list_workflow_steps(p.refund_id, load_output=False)
+            found[p.refund_id] = sum(1 for s in steps if s["function_name"] == TRACK_SHIPMENT_STEP)
+    return found
+
+
 def _settled(plan: Plan, observed: dict[str, Observed]) -> bool:
     for p in plan.refunds:
         seen = observed[p.refund_id]
@@ -212,6 +225,7 @@ def run_chaos(config: ChaosConfig, *, say: Any = print) -> dict[str, Any]:
     try:
         cluster.start()
         cluster.add_charges(provider_charges(plan))
+        cluster.load_evidence(evidence_seed(plan.refunds))
         cluster.send_webhooks(env["STRIPE_WEBHOOK_SECRET"])
         cluster.set_payment_faults(
             fail_rate=config.fail_rate,
@@ -252,6 +266,8 @@ def run_chaos(config: ChaosConfig, *, say: Any = print) -> dict[str, Any]:
         settle_s = time.monotonic() - stopped
         ledger = cluster.ledger()
         stats = cluster.sandbox_stats()
+        carrier_requests = cluster.evidence_stats()["carrier"]
+        look_ups = _tracking_look_ups(plan, client)
         with engine.connect() as conn:
             chain = audit.verify(conn, key=settings.audit_key())
         client.destroy()
@@ -272,7 +288,9 @@ def run_chaos(config: ChaosConfig, *, say: Any = print) -> dict[str, Any]:
             audit={"ok": chain.ok, "entries": chain.entries, "first_broken_seq": chain.first_broken_seq},
             faults=faults,
             extra_violations=driver.violations,
+            look_ups=look_ups,
         )
+        verdict["investigating"]["carrier_requests"] = carrier_requests
     finally:
         if driver is not None:
             driver.stop()

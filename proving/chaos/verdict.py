@@ -13,7 +13,7 @@ from typing import Any
 from proving.chaos.plan import Plan
 from steps.records import from_minor, quantize, to_minor
 
-VERDICT_VERSION = 2
+VERDICT_VERSION = 3
 TERMINAL = ("completed", "rejected", "failed", "cancelled")
 #: Ledger refunds that sent nothing: the provider failed or canceled them (possibly after days pending).
 UNPAID = ("failed", "canceled")
@@ -32,6 +32,9 @@ class Observed:
     """What the service's book says was refunded on the order (including refunds before the run)."""
 
 
+_UNSEEN = Observed(False, None, None, None)
+
+
 def _totals(amounts: list[tuple[str, Decimal]]) -> dict[str, str]:
     sums: dict[str, Decimal] = defaultdict(Decimal)
     for currency, amount in amounts:
@@ -47,8 +50,13 @@ def judge(
     audit: dict[str, Any],
     faults: dict[str, int],
     extra_violations: list[str] | None = None,
+    look_ups: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    """The verdict document: counts, totals, and every violated invariant by name."""
+    """The verdict document: counts, totals, and every violated invariant by name.
+
+    ``look_ups``: recorded tracking look-up steps per investigating refund; an accepted one with none was decided
+    without the evidence its claim needs (policy would send it to a person, so its outcome is off too).
+    """
     planned = {p.refund_id: p for p in plan.refunds}
     by_refund: dict[str, list[dict[str, Any]]] = defaultdict(list)
     unknown = 0
@@ -98,6 +106,12 @@ def judge(
             p.refunded + paid, p.currency
         ):
             book_mismatch.append(f"{p.order_id}: service book {seen.order_refunded_minor}, ledger {p.refunded + paid}")
+    investigating = [p for p in plan.refunds if p.carrier_says is not None]
+    unchecked = [
+        p.refund_id
+        for p in investigating
+        if look_ups is not None and (observed.get(p.refund_id) or _UNSEEN).accepted and not look_ups.get(p.refund_id)
+    ]
     expected_totals = _totals(expected_paid)
     ledger_totals = _totals(
         [
@@ -118,6 +132,7 @@ def judge(
         "service_book_mismatches": len(book_mismatch),
         "booked_paid_but_failed_at_provider": len(booked_but_failed),
         "unsettled_at_provider": len(unsettled),
+        "investigations_without_a_look_up": len(unchecked),
     }
     violations += [f"{name}: {count}" for name, count in checks.items() if count]
     if expected_totals != ledger_totals:
@@ -140,6 +155,11 @@ def judge(
             "ledger_refunds": len(ledger),
             "failed_at_provider": len(failed_late),
         },
+        "investigating": {
+            "refunds": len(investigating),
+            "carrier_says": dict(sorted(Counter(str(p.carrier_says) for p in investigating).items())),
+            "tracking_look_up_steps": sum((look_ups or {}).values()),
+        },
         "checks": checks,
         "audit_chain": audit,
         "faults": dict(sorted(faults.items())),
@@ -153,6 +173,7 @@ def judge(
             "service_book_mismatches": book_mismatch[:5],
             "booked_paid_but_failed_at_provider": booked_but_failed[:5],
             "unsettled_at_provider": unsettled[:5],
+            "investigations_without_a_look_up": unchecked[:5],
         },
     }
 
@@ -167,6 +188,12 @@ def render(verdict: dict[str, Any]) -> str:
         f"  refunded  expected {verdict['refunded']['expected']}",
         f"            ledger   {verdict['refunded']['ledger']} ({verdict['refunded']['ledger_refunds']} refunds)",
     ]
+    inv = verdict.get("investigating") or {}
+    if inv.get("refunds"):
+        lines.append(
+            f"  investigating {inv['refunds']} {inv['carrier_says']}: {inv['tracking_look_up_steps']} tracking look-up "
+            f"steps recorded, {inv.get('carrier_requests', '?')} carrier requests"
+        )
     lines += [f"  {'PASS' if n == 0 else 'FAIL'}  {name}: {n}" for name, n in verdict["checks"].items()]
     audit = verdict["audit_chain"]
     lines.append(f"  {'PASS' if audit.get('ok') else 'FAIL'}  audit chain: {audit.get('entries')} entries")
