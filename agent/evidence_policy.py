@@ -20,10 +20,11 @@ from steps.records import Order, format_money
 
 FindingKind = Literal["none", "refuse", "wait", "person"]
 #: Claims that only evidence can settle, and the look-up that settles them.
-NEEDS: dict[ClaimCategory, Literal["tracking", "returns"]] = {
+NEEDS: dict[ClaimCategory, Literal["tracking", "returns", "risk"]] = {
     "not_received": "tracking",
     "returned": "returns",
     "changed_mind": "returns",
+    "duplicate_charge": "risk",  # a charge they do not recognise may be disputed: the dispute would decide
 }
 #: How long after its expected date a parcel still counts as on its way.
 ETA_GRACE = timedelta(days=1)
@@ -67,6 +68,10 @@ def judge(category: ClaimCategory, evidence: Evidence, order: Order, as_of: date
     if need in evidence.failed:
         reason = f"the claim could not be checked: {need} could not be read ({evidence.failed[need]})"
         return Finding("person", (reason,), tuple(facts), flags=flags)
+    if need == "risk":  # what the risk says (a dispute, a fraud warning) was judged above
+        if evidence.risk is None:
+            return Finding("person", ("the claim was not checked against the charge's disputes and fraud warnings",))
+        return Finding("none", facts=tuple(facts), flags=flags)
     found = _tracking(evidence.tracking, order, as_of) if need == "tracking" else _returns(evidence.returns, order)
     return Finding(
         found.kind, found.reasons, (*facts, *found.facts), found.bound, found.customer_note, (*flags, *found.flags)

@@ -102,7 +102,7 @@ def decide(
     """Pay now, ask a person, or refuse: the money rules (``_decide``), then what the claim's recorded evidence and
     the customer's recent refunds say (None: judged on the money rules alone, as refunds before evidence were)."""
     verdict = _decide(amount=amount, currency=currency, order=order, as_of=as_of, limits=limits, requested=requested)
-    return verdict if claim is None else _with_claim(verdict, claim, order, as_of, limits)
+    return verdict if claim is None else _with_claim(verdict, claim, order, as_of, limits, proposed=amount)
 
 
 def _decide(
@@ -182,8 +182,11 @@ def _judge(amount: Decimal, currency: str, order: Order, as_of: datetime, limits
     return Verdict(kind="auto_approve", amount=amount, currency=currency, refundable=room)
 
 
-def _with_claim(verdict: Verdict, claim: Claim, order: Order, as_of: datetime, limits: Limits) -> Verdict:
-    """The evidence can only lower what is paid or hand it to a person, never raise it: a refusal stands."""
+def _with_claim(
+    verdict: Verdict, claim: Claim, order: Order, as_of: datetime, limits: Limits, *, proposed: Decimal
+) -> Verdict:
+    """The evidence can only lower what is paid or hand it to a person, never raise it: a refusal stands, and a
+    proposal above the customer's request still goes to a person at the lower amount."""
     found = evidence_policy.judge(claim.category, claim.evidence, order, as_of)
     verdict = verdict.model_copy(update={"findings": found.facts, "flags": found.flags})
     if verdict.kind == "refuse":
@@ -195,9 +198,12 @@ def _with_claim(verdict: Verdict, claim: Claim, order: Order, as_of: datetime, l
     if found.bound is not None and verdict.amount > found.bound:
         bound = f"limited to the lines the warehouse received: {_money(found.bound, order.currency)}"
         judged = _judge(found.bound, verdict.currency, order, as_of, limits)
-        verdict = verdict.model_copy(
-            update={"kind": judged.kind, "amount": found.bound, "reasons": (bound, *judged.reasons)}
-        )
+        kind = judged.kind
+        over = verdict.requested is not None and proposed > verdict.requested
+        if over and kind == "auto_approve":  # the model asked for more than the customer: a person, always
+            kind = "needs_approval"
+        reasons = (*verdict.reasons[:1], bound, *judged.reasons) if over else (bound, *judged.reasons)
+        verdict = verdict.model_copy(update={"kind": kind, "amount": found.bound, "reasons": reasons})
         if verdict.kind == "refuse":
             return verdict
     if found.kind == "person":

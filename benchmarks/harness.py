@@ -35,6 +35,7 @@ from agent.ops.processes import free_port, http_ok, stop, wait_for
 from agent.settings import Settings
 from benchmarks import http_load
 from benchmarks.identities import BENCH_REQUESTER
+from benchmarks.limits import SERIAL_RULE_OFF
 from steps.refunds import register_request
 from steps.seed import seed
 from steps.store import app_db, customers, orders
@@ -148,6 +149,7 @@ def settings_for(dbs: Databases, sandbox_url: str, workdir: Path, **overrides: A
         "database_url": dbs.app_url,
         "payments_api_base": sandbox_url,
         "refund_agent_executor_id": "bench-executor",
+        **SERIAL_RULE_OFF,
     }
     values.update(overrides)
     return Settings(**values)

@@ -52,6 +52,7 @@ import psycopg
 from psycopg import sql
 
 from agent.ops.processes import free_port, http_ok, wait_for
+from benchmarks.limits import SERIAL_RULE_OFF_ENV
 
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
@@ -533,6 +534,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "REFUND_AGENT_EXECUTOR_ID": f"{tag}-executor",
                 "QUEUE_POLLING_INTERVAL_SECONDS": "0.1",
                 "NOTIFICATION_POLLING_INTERVAL_SECONDS": "0.1",
+                **SERIAL_RULE_OFF_ENV,
             }
             if args.worker_concurrency:
                 overrides["QUEUE_WORKER_CONCURRENCY"] = str(args.worker_concurrency)

@@ -35,6 +35,7 @@ from benchmarks import harness
 from benchmarks.harness import Databases
 from benchmarks.http_load import percentile
 from benchmarks.identities import BENCH_REQUESTER
+from benchmarks.limits import SERIAL_RULE_OFF_ENV
 from steps import audit
 from steps.store import close_app_database, create_engine, open_app_database, utc
 
@@ -129,6 +130,7 @@ def worker_env(dbs: Databases, sandbox_url: str, workdir: Path, **extra: str) ->
         "DATABASE_URL": dbs.app_url,
         "PAYMENTS_API_BASE": sandbox_url,
         "REFUND_AGENT_EXECUTOR_ID": EXECUTOR,
+        **SERIAL_RULE_OFF_ENV,
     }
     env.update(extra)
     return env

@@ -39,6 +39,7 @@ from psycopg import sql
 from agent.ops.processes import free_port, http_ok, wait_for
 from benchmarks.http_load import percentile
 from benchmarks.identities import BENCH_REQUESTER
+from benchmarks.limits import SERIAL_RULE_OFF_ENV
 
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -86,6 +87,7 @@ def run_once(server: str, refunds: int, workers: int, concurrency: int, workdir:
             "QUEUE_WORKER_CONCURRENCY": str(concurrency),
             "QUEUE_POLLING_INTERVAL_SECONDS": "0.1",
             "NOTIFICATION_POLLING_INTERVAL_SECONDS": "0.1",
+            **SERIAL_RULE_OFF_ENV,
         }
         env.pop("REFUND_AGENT_MODEL", None)
         cli = [sys.executable, "-m", "agent.cli"]

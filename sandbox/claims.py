@@ -24,7 +24,7 @@ _CATEGORIES: list[tuple[str, re.Pattern[str]]] = [
         "returned",
         re.compile(
             r"sent (?:it|them|everything|the \w+) back|send (?:it|them) back|shipped (?:it|them) back|"
-            r"mailed (?:it|them) back|returned (?:it|them|the|my)|i returned|return(?:ed)? (?:parcel|package|label)|"
+            r"mailed (?:it|them) back|returned (?:it|them|the|my)|i returned|return(?:ed)? (?:parcel|package)|"
             r"devuelto|zurückgeschickt|renvoyé",
             re.I,
         ),
@@ -32,7 +32,7 @@ _CATEGORIES: list[tuple[str, re.Pattern[str]]] = [
     (
         "not_received",
         re.compile(
-            r"never (?:arrived|came|got|received|showed up)|(?:didn'?t|did not|hasn'?t|has not|have not|haven'?t) "
+            r"never (?:arrived|came|showed up|(?:got|received)(?! (?:my |the |a |any )?(?:refund|money)))|(?:didn'?t|did not|hasn'?t|has not|have not|haven'?t) "
             r"(?:arrive|arrived|receive|received|got|come|shown up)|not (?:arrived|received|delivered)|"
             r"where is my (?:order|parcel|package)|(?:parcel|package|order) (?:is |was )?(?:lost|missing)|"
             r"still (?:waiting|not here)|no ha llegado|nicht angekommen|pas (?:reçu|arrivé)|jamais reçu|届いていません",

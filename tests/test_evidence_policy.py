@@ -117,6 +117,9 @@ ROWS: list[tuple[str, ClaimCategory, Evidence, list[PastRefund], str, str, str]]
     ("changed their mind, return never looked up: a person", "changed_mind", Evidence(), [], "42.00", "needs_approval", "42.00"),
     ("open dispute on the charge: refused, the dispute decides", "duplicate_charge", Evidence(risk=RiskSignals(charge_id="ch_x", disputes=[DISPUTE])), [], "42.00", "refuse", "42.00"),
     ("a dispute the merchant won does not block", "duplicate_charge", Evidence(risk=RiskSignals(charge_id="ch_x", disputes=[WON])), [], "42.00", "auto_approve", "42.00"),
+    ("a charge they do not recognise, risk never looked up: a person", "duplicate_charge", Evidence(), [], "42.00", "needs_approval", "42.00"),
+    ("a charge they do not recognise, risk could not be read: a person", "duplicate_charge", Evidence(failed={"risk": "stripe 503"}), [], "42.00", "needs_approval", "42.00"),
+    ("a charge they do not recognise, no dispute or warning: refunded", "duplicate_charge", Evidence(risk=RiskSignals(charge_id="ch_x")), [], "42.00", "auto_approve", "42.00"),
     ("early fraud warning: refunded, and flagged", "duplicate_charge", Evidence(risk=RiskSignals(charge_id="ch_x", early_fraud_warnings=[EFW])), [], "42.00", "auto_approve", "42.00"),
     ("a fourth refund in 30 days: a person, even under the limit", "damaged", Evidence(), past(3), "5.00", "needs_approval", "5.00"),
     ("a third refund in 30 days is paid", "damaged", Evidence(), past(2), "5.00", "auto_approve", "5.00"),
@@ -201,3 +204,18 @@ def test_this_refund_is_not_counted_in_its_own_history() -> None:
 def test_without_a_claim_policy_is_the_money_rules_alone() -> None:
     verdict = decide(amount=Decimal("42.00"), currency="USD", order=ORDER, as_of=NOW, limits=LIMITS)
     assert verdict.kind == "auto_approve" and verdict.findings == () and verdict.flags == ()
+
+
+def test_a_proposal_above_the_request_still_goes_to_a_person_when_the_return_lowers_it() -> None:
+    claim = Claim(category="returned", evidence=Evidence(returns=receipt("received", [GRINDER, KETTLE])))
+    verdict = decide(
+        amount=Decimal("99999.00"),
+        currency="USD",
+        order=ORDER,
+        as_of=NOW,
+        limits=LIMITS,
+        requested=Decimal("100.00"),
+        claim=claim,
+    )
+    assert (verdict.kind, verdict.amount) == ("needs_approval", Decimal("80.00"))
+    assert "more than the 100.00 USD the customer asked for" in verdict.reasons[0]

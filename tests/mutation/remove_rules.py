@@ -23,6 +23,8 @@ REMOVALS: list[tuple[str, str, str, str]] = [
     ("an open dispute refuses", "agent/evidence_policy.py", "for dispute in evidence.risk.open_disputes:", "for dispute in []:"),
     ("an early fraud warning is flagged", "agent/evidence_policy.py", 'flags = ("early_fraud_warning",)', "pass"),
     ("a claim that needs evidence goes unchecked to a person", "agent/evidence_policy.py", '        return Finding("person", ("the claim was not checked against the carrier', '        return Finding("none", ("the claim was not checked against the carrier'),
+    ("a claim about the charge needs its risk looked up", "agent/evidence_policy.py", '    "duplicate_charge": "risk",', ""),
+    ("a proposal above the request stays with a person when a return lowers it", "agent/policy.py", "if over and kind == \"auto_approve\":", "if False:"),
     ("a failed look-up goes to a person", "agent/evidence_policy.py", "if need in evidence.failed:", "if False:"),
     ("an order without tracking goes to a person", "agent/evidence_policy.py", "if not order.tracking_code:", "if False:"),
     ("an unknown parcel goes to a person", "agent/evidence_policy.py", 'if not tracking.found or tracking.status == "unknown":', "if False:"),
