@@ -32,7 +32,8 @@ _CATEGORIES: list[tuple[str, re.Pattern[str]]] = [
     (
         "not_received",
         re.compile(
-            r"never (?:arrived|came|showed up|(?:got|received)(?! (?:my |the |a |any )?(?:refund|money)))|(?:didn'?t|did not|hasn'?t|has not|have not|haven'?t) "
+            r"never (?:arrived|came|showed up|(?:got|received)(?! (?:my |the |a |any )?(?:refund|money)))|"
+            r"(?:didn'?t|did not|hasn'?t|has not|have not|haven'?t) "
             r"(?:arrive|arrived|receive|received|got|come|shown up)|not (?:arrived|received|delivered)|"
             r"where is my (?:order|parcel|package)|(?:parcel|package|order) (?:is |was )?(?:lost|missing)|"
             r"still (?:waiting|not here)|no ha llegado|nicht angekommen|pas (?:reçu|arrivé)|jamais reçu|届いていません",
