@@ -21,6 +21,7 @@ from steps.evidence import TRACK_SHIPMENT_STEP
 from steps.store import app_db, outbox, refunds
 from tests.conftest import Env
 from tests.evidence_server import EvidenceServer
+from tests.test_tools import cli
 from tests.test_workflow import chain_ok, parked, result, running, submit
 
 MODEL = "refund_agent__model.request"
@@ -73,6 +74,10 @@ def test_never_arrived_and_returned_to_sender_is_looked_up_then_paid(env: Env, c
     assert chain_ok()
     status = refund_status(client, refund_id)
     assert status is not None and TRACK_SHIPMENT_STEP in [s["name"] for s in status["steps"]]
+    shown = cli(env, "steps", refund_id)  # what an operator reads in a terminal
+    assert shown.returncode == 0 and any(
+        line.split()[:3] == ["(refund)", "3", TRACK_SHIPMENT_STEP] for line in shown.stdout.splitlines()
+    ), shown.stdout
 
 
 def test_never_arrived_but_delivered_with_a_signature_waits_for_a_person(env: Env, client: DBOSClient) -> None:
