@@ -17,6 +17,7 @@ from dbos import DBOSClient
 
 from agent.claims import evidence_lines
 from agent.status import wait_for_outcome
+from steps import notify
 from steps.evidence import (
     Evidence,
     ReturnLine,
@@ -169,6 +170,9 @@ def test_a_claim_the_agent_investigated_shows_what_the_carrier_said(
     assert claim["category"] == "not_received" and claim["evidence"]["tracking"]["signed_by"] == "G HOPPER"
     [line] = claim["summary"]
     assert line.startswith("Tracking (UPS 1Z000000000000001002): delivered ") and "signed by G HOPPER" in line
+    with app_db().engine.connect() as conn:
+        sent = [m["body"] for m in notify.messages(conn, "claim-e2e-0001") if m["channel"] == "approvers"]
+    assert sent and all(f"\nClaim: not received\nEvidence:\n- {line}\nDecide: " in body for body in sent)
     with server.signed_in("vic") as vic:
         html = vic.get("/console/refunds/claim-e2e-0001").text
     assert "Claim and evidence" in html and "signed by G HOPPER; last event: Delivered" in html
