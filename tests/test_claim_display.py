@@ -176,3 +176,18 @@ def test_a_claim_the_agent_investigated_shows_what_the_carrier_said(
     with server.signed_in("vic") as vic:
         html = vic.get("/console/refunds/claim-e2e-0001").text
     assert "Claim and evidence" in html and "signed by G HOPPER; last event: Delivered" in html
+
+
+def test_a_refund_paid_on_an_early_fraud_warning_is_flagged_on_its_page(
+    env: Env, console: tuple[ConsoleServer, DBOSClient]
+) -> None:
+    server, client = console
+    body = {"order_id": "ord_1016", "message": "I was charged twice for this watch band."}
+    with httpx.Client(base_url=server.base_url, timeout=30, headers=AUTH) as http:
+        accepted = http.post("/refunds", json=body, headers={"Idempotency-Key": "claim-efw-00001"})
+        assert accepted.status_code == 202, accepted.text
+    assert wait_for_outcome(client, "claim-efw-00001", timeout=120)["status"] == "completed"
+    with server.signed_in("vic") as vic:
+        html = vic.get("/console/refunds/claim-efw-00001").text
+    assert "<dt>Flagged</dt>" in html and "early fraud warning: follow up" in html
+    assert "<dt>Evidence showed</dt>" in html and "the card issuer reported the charge as fraud" in html
