@@ -18,6 +18,9 @@ from steps.store import app_db, close_app_database, executor_leases, open_app_da
 from tests.conftest import Env
 
 API_TOKEN = "scale-test-token-at-least-32-bytes-long"
+#: These clusters send dozens of refunds for one customer to test recovery, not the serial-claimant rule (which
+#: would park all but three of them): each refund is judged as the customer's first.
+SERIAL_RULE_OFF = {"CUSTOMER_MAX_REFUNDS": "1000000", "CUSTOMER_MAX_REFUND_AMOUNT": "100000000"}
 DONE = ("SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED")
 
 
@@ -28,7 +31,7 @@ class Cluster:
         self.env = env
         self.logs = logs
         self.vars = child_env(
-            env.env_vars(REFUND_AGENT_API_TOKEN=API_TOKEN, PYTHONUNBUFFERED="1", **overrides),
+            env.env_vars(REFUND_AGENT_API_TOKEN=API_TOKEN, PYTHONUNBUFFERED="1", **{**SERIAL_RULE_OFF, **overrides}),
             drop=("REFUND_AGENT_CRASH_AT", "REFUND_AGENT_MODEL", "REFUND_AGENT_MODEL_BASE_URL"),
         )
         self.procs: dict[str, subprocess.Popen[bytes]] = {}

@@ -10,14 +10,25 @@ rules) or ``in_transit`` with an expected date ahead (refused for now, nothing p
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from sandbox.evidence_seed import EvidenceSeed, TrackerSeed, TrackingEventSeed, ago, ahead
 
-if TYPE_CHECKING:
-    from proving.chaos.plan import PlannedRefund
-
 CarrierSays = Literal["return_to_sender", "in_transit"]
+
+
+class PlannedRefund(Protocol):
+    """What a tracker is made from: the part of proving.chaos.plan.PlannedRefund this module reads (the plan
+    imports this module, so it is not imported back)."""
+
+    @property
+    def carrier(self) -> str: ...
+    @property
+    def tracking_code(self) -> str: ...
+    @property
+    def carrier_says(self) -> CarrierSays | None: ...
+
+
 CARRIERS = ("USPS", "UPS", "FedEx")
 #: Days ahead of loading the seed that an ``in_transit`` parcel is expected: far past any run's length, so the
 #: service always sees it on its way (policy sends a parcel past its date plus a day's grace to a person).

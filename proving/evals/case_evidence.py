@@ -3,15 +3,33 @@
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
 from sandbox.evidence_seed import EvidenceSeed, RiskSeed
 from steps.records import CURRENCY_EXPONENTS
 
-if TYPE_CHECKING:
-    from proving.evals.cases import OrderSpec
+
+class OrderSpec(Protocol):
+    """The part of proving.evals.cases.OrderSpec a case's evidence is seeded from (cases imports this module, so it
+    is not imported back)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def email(self) -> str: ...
+    @property
+    def currency(self) -> str: ...
+    @property
+    def captured(self) -> Decimal: ...
+    @property
+    def carrier(self) -> str: ...
+    @property
+    def tracking(self) -> str: ...
+
 
 #: A service the harness makes fail for one case's look-ups (answers 500 for its tracking code or order).
 FailingService = Literal["carrier", "returns"]
