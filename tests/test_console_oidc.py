@@ -62,7 +62,7 @@ def through_provider(http: httpx.Client, login: str, tamper: Callable[[str], str
         urljoin(str(page.url), action.group(1)), data={"prompt": "login", "login": SUBJECTS[login], "password": "x"}
     )
     for _ in range(10):
-        location = answer.headers.get("location", "")
+        location = str(answer.headers.get("location", ""))
         if location.startswith(CALLBACK):
             return location
         assert answer.status_code in (302, 303), answer.text
