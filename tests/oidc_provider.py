@@ -28,6 +28,8 @@ class OidcProvider:
 
     def __init__(self, console_url: str) -> None:
         self.port = free_port()
+        while f":{self.port}" in console_url:  # the console's port is not bound yet: it may come back free
+            self.port = free_port()
         self.console_url = console_url
         self.lines: list[str] = []
         self.process: subprocess.Popen[str] | None = None

@@ -13,16 +13,19 @@ from urllib.parse import parse_qsl, urlencode, urljoin, urlsplit, urlunsplit
 import httpx
 import pytest
 import sqlalchemy as sa
+from playwright.sync_api import Browser, expect
 from pydantic import ValidationError
 
 from agent.ops.processes import free_port
 from agent.settings import Settings
 from steps import audit
-from steps.store import app_db
+from steps.store import app_db, approval_decisions
 from steps.store import console_sessions as session_rows
 from tests.conftest import Env
 from tests.console_server import console_server, csrf_of, form
 from tests.oidc_provider import SUBJECTS, OidcProvider, node
+from tests.test_console_browser import browser  # noqa: F401 (the fixture: Debian's Chromium, headless)
+from tests.test_workflow import parked, submit
 
 pytestmark = pytest.mark.skipif(node() is None, reason="node is not installed: the test OpenID provider needs it")
 CONSOLE_PORT = free_port()
@@ -186,3 +189,45 @@ def test_the_settings_refuse_half_an_oidc_configuration_and_passwords_off_withou
     with pytest.raises(ValidationError, match="oidc"):
         env.settings(refund_agent_operators={"oidc.eve": "admin:scrypt$x"})
     assert isinstance(env.settings(**issuer, oidc_client_secret="s3cret"), Settings)
+
+
+def test_an_approver_signs_in_at_the_providers_page_approves_a_refund_and_signs_out_of_both(
+    env: Env,
+    provider: OidcProvider,
+    browser: Browser,  # noqa: F811 (the fixture imported above)
+) -> None:
+    settings = provider.settings()
+    with console_server(env, refund_agent_port=CONSOLE_PORT, **settings) as (server, client):
+        refund_id = submit(client, "oidc-browser-approve-01", "ord_1002", "The standing desk arrived broken.")
+        parked(client, refund_id)
+        page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+        page.goto(f"{server.base_url}/console")
+        page.get_by_role("link", name="Sign in with the company's identity provider").click()
+        expect(page).to_have_url(re.compile(re.escape(provider.issuer) + "/interaction/"))
+        page.locator('input[name="login"]').fill(SUBJECTS["bob"])
+        page.locator('input[name="password"]').fill("any")
+        page.locator('button[type="submit"]').first.click()
+        expect(page).to_have_url(f"{server.base_url}/console")
+
+        card = page.locator(f'section.pending[data-refund="{refund_id}"]')
+        card.get_by_role("button", name="Approve").click()
+        expect(page).to_have_url(f"{server.base_url}/console/refunds/{refund_id}?done=approve")
+        operator = f"operator:oidc.{SUBJECTS['bob']}"
+        expect(page.locator("#decision")).to_contain_text(f"approve by {operator} via console")
+        with app_db().engine.connect() as conn:
+            assert conn.execute(sa.select(approval_decisions.c.approver)).scalar_one() == operator
+        signed_in = service_entries("console_signed_in")[-1]
+        assert (signed_in["operator"], signed_in["subject"], signed_in["email"], signed_in["role"]) == (
+            f"oidc.{SUBJECTS['bob']}",
+            SUBJECTS["bob"],
+            "bob@example.com",
+            "approver",
+        )
+
+        page.get_by_role("button", name="Sign out").click()
+        expect(page).to_have_url(re.compile(re.escape(provider.issuer) + "/session/end"))
+        page.get_by_role("button", name="Yes, sign me out").click()
+        expect(page).to_have_url(re.compile(re.escape(f"{server.base_url}/console/login")))
+        with app_db().engine.connect() as conn:
+            assert conn.execute(sa.select(session_rows)).all() == []
+        assert "end_session" in provider.lines  # the provider's session ended too

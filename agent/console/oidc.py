@@ -231,6 +231,19 @@ class Provider:
             raise refused
         return claims
 
+    def origins(self) -> list[str]:
+        """Where sign-out may send the browser: the issuer's origin and, once known, the end-session endpoint's."""
+        urls = [self.config.issuer]
+        if self._metadata is not None and self._metadata.get("end_session_endpoint"):
+            urls.append(str(self._metadata["end_session_endpoint"]))
+        found = []
+        for url in urls:
+            parsed = httpx.URL(url)
+            origin = f"{parsed.scheme}://{parsed.netloc.decode()}"
+            if origin not in found:
+                found.append(origin)
+        return found
+
     def end_session_url(self, id_token: str | None) -> str | None:
         """Where to send the browser to end the provider's session too (RP-initiated logout), if it has one."""
         try:

@@ -178,6 +178,10 @@ def finish(
 ) -> Response:
     """Security headers; a new sign-in form session's cookie; the cookie of a session that ended, cleared."""
     response.headers.update(HEADERS)
+    if state.oidc is not None:  # sign-out's redirect to the provider's end-session endpoint is a form's target
+        csp = HEADERS["Content-Security-Policy"]
+        origins = " ".join(state.oidc.origins())
+        response.headers["Content-Security-Policy"] = csp.replace("form-action 'self'", f"form-action 'self' {origins}")
     if form_session is not None:
         response.set_cookie(
             auth.FORM_COOKIE,
