@@ -9,6 +9,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from agent.ops.processes import free_port
 
@@ -38,7 +39,7 @@ class OidcProvider:
     def issuer(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def settings(self, **overrides: object) -> dict[str, object]:
+    def settings(self, **overrides: Any) -> dict[str, Any]:
         """The console's settings for signing in through this provider."""
         return {
             "oidc_issuer_url": self.issuer,
