@@ -16,6 +16,9 @@ import sqlalchemy as sa
 from playwright.sync_api import Browser, expect
 from pydantic import ValidationError
 
+from agent.console import auth, sessions
+from agent.console.oidc import operator_name, role_for
+from agent.identity import Role
 from agent.ops.processes import free_port
 from agent.settings import Settings
 from steps import audit
@@ -54,23 +57,32 @@ def console(env: Env, **settings: Any) -> Iterator[httpx.Client]:
 
 
 def through_provider(http: httpx.Client, login: str, tamper: Callable[[str], str] | None = None) -> str:
-    """Start a sign-in at the console, sign in at the provider's login page; the callback URL it sends back."""
+    """Start a sign-in at the console, sign in at the provider's login page (unless the provider's session
+    still signs the browser in); the callback URL the provider sends the browser back to."""
     started = http.get("/console/auth/start")
     assert started.status_code == 303, started.text
-    url = started.headers["location"]
-    page = http.get(tamper(url) if tamper else url, follow_redirects=True)
-    action = re.search(r'<form[^>]*action="([^"]*/interaction/[^"]*)"', page.text)
-    assert action, page.text
-    answer = http.post(
-        urljoin(str(page.url), action.group(1)), data={"prompt": "login", "login": SUBJECTS[login], "password": "x"}
-    )
+    url = str(started.headers["location"])
+    back = _to_callback(http, http.get(tamper(url) if tamper else url))
+    if isinstance(back, str):
+        return back
+    action = re.search(r'<form[^>]*action="([^"]*/interaction/[^"]*)"', back.text)
+    assert action, back.text
+    fields = {"prompt": "login", "login": SUBJECTS[login], "password": "any"}  # the login page takes any password
+    back = _to_callback(http, http.post(urljoin(str(back.url), action.group(1)), data=fields))
+    assert isinstance(back, str), back.text
+    return back
+
+
+def _to_callback(http: httpx.Client, response: httpx.Response) -> str | httpx.Response:
+    """Follow the provider's redirects up to the console's callback (its URL) or a page (the response)."""
     for _ in range(10):
-        location = str(answer.headers.get("location", ""))
+        location = str(response.headers.get("location", ""))
         if location.startswith(CALLBACK):
             return location
-        assert answer.status_code in (302, 303), answer.text
-        answer = http.get(urljoin(str(answer.url), location))
-    raise AssertionError("the provider did not send the browser back")
+        if response.status_code not in (302, 303):
+            return response
+        response = http.get(urljoin(str(response.url), location))
+    raise AssertionError("the provider kept redirecting")
 
 
 def service_entries(event: str) -> list[dict[str, Any]]:
@@ -97,13 +109,22 @@ def test_an_approver_signs_in_through_the_provider_with_the_role_its_groups_give
         signed_in = service_entries("console_signed_in")[-1]
         assert signed_in["subject"] == SUBJECTS["bob"] and signed_in["email"] == "bob@example.com"
         assert signed_in["role"] == "approver" and "refund-approvers" in signed_in["groups"]
-        # The session page lists it (backed by the provider's configuration, not deleted as unknown).
+        # An admin's sessions page keeps it (backed by the provider's configuration, not deleted as unknown).
+        with httpx.Client(base_url=str(http.base_url), timeout=30) as admin:
+            assert admin.get(through_provider(admin, "ada")).status_code == 303
+            listed = admin.get("/console/sessions")
+            assert listed.status_code == 200 and f"oidc.{SUBJECTS['bob']}" in listed.text
+        bob_cookie = str(http.cookies.get(auth.SESSION_COOKIE))
+        # Under another provider or role mapping the session would end (checked here without a restart).
+        assert sessions.current(bob_cookie, {}, "127.0.0.1", "oidc:" + "0" * 59) is None
+        assert http.get("/console").status_code == 303  # it ended: back to the sign-in page
+        assert http.get(through_provider(http, "bob")).status_code == 303
         out = form(http, "/console/logout", csrf=csrf_of(http, "/console"))
         assert out.status_code == 303
         assert out.headers["location"].startswith(f"{provider.issuer}/session/end?")
         assert "id_token_hint=" in out.headers["location"]
-        with app_db().engine.connect() as conn:
-            assert conn.execute(sa.select(session_rows)).all() == []
+        with app_db().engine.connect() as conn:  # bob's row is gone; ada's stays
+            assert [r.operator for r in conn.execute(sa.select(session_rows))] == [f"oidc.{SUBJECTS['ada']}"]
         assert service_entries("console_signed_out")[-1]["operator"] == f"oidc.{SUBJECTS['bob']}"
 
 
@@ -231,3 +252,17 @@ def test_an_approver_signs_in_at_the_providers_page_approves_a_refund_and_signs_
         with app_db().engine.connect() as conn:
             assert conn.execute(sa.select(session_rows)).all() == []
         assert "end_session" in provider.lines  # the provider's session ended too
+
+
+def test_provider_subjects_become_operator_names_that_cannot_pass_for_another() -> None:
+    assert operator_name("00u1abcd@example") == "oidc.00u1abcd@example"
+    hashed = operator_name("tenant:user_1")  # ':' and '_' are not a name's characters
+    assert hashed.startswith("oidc.h-") and ":" not in hashed and hashed != operator_name("tenant:user_2")
+    assert len(operator_name("x" * 500)) <= 100
+
+
+def test_the_most_powerful_mapped_group_gives_the_role() -> None:
+    mapping: dict[str, Role] = {"support": "viewer", "leads": "approver", "ops": "admin"}
+    assert role_for(("support", "leads"), mapping) == "approver"
+    assert role_for(("ops", "support"), mapping) == "admin"
+    assert role_for(("marketing",), mapping) is None
