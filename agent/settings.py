@@ -13,7 +13,7 @@ from functools import cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent import __version__
@@ -160,6 +160,26 @@ class Settings(BaseSettings):
     """Signs the console's sign-in form cookie and keys its sign-in throttle (sessions themselves are rows in
     the application database); at least 32 bytes. Unset: generated on first start and kept in the data
     directory; processes behind one address share it."""
+    oidc_issuer_url: str | None = None
+    """The company's OpenID provider, e.g. ``https://acme.okta.com`` (exactly the ``issuer`` of its discovery
+    document). Set with ``OIDC_CLIENT_ID`` and ``OIDC_CLIENT_SECRET``, the console offers sign-in through it
+    (docs: operations/sign-in). Unset: passwords only."""
+    oidc_client_id: str | None = None
+    """The console's client id at the provider (its redirect URI: ``<public url>/console/auth/callback``)."""
+    oidc_client_secret: SecretStr | None = None
+    """The console's client secret at the provider. Issued by the provider: blank is refused."""
+    oidc_scopes: str = "openid email profile"
+    """Scopes asked for at sign-in (``openid`` is needed; add the one that carries the groups claim if the
+    provider wants it, e.g. ``groups`` for Okta)."""
+    oidc_groups_claim: str = "groups"
+    """The ID token claim holding the operator's groups (a list or a string)."""
+    oidc_role_groups: dict[str, Literal["viewer", "approver", "admin"]] = Field(default_factory=dict)
+    """Provider groups to console roles, as JSON, e.g. ``{"refund-approvers": "approver", "support":
+    "viewer"}``; the most powerful role among an operator's groups counts, taken at each sign-in. A user in
+    none of them is refused. A change of this mapping ends the sessions started through the provider."""
+    console_password_sign_in: bool = True
+    """``false``: the console's local passwords (``REFUND_AGENT_OPERATORS``, or the generated admin) sign no one
+    in; only allowed with the OpenID provider configured."""
     refund_agent_trusted_proxies: list[str] = Field(default_factory=list)
     """Reverse proxies in front of the service, as a JSON list of addresses or CIDR networks, e.g.
     ``["10.0.0.0/8", "192.0.2.7"]``. Only when a request comes from one of them does the console read
@@ -236,9 +256,24 @@ class Settings(BaseSettings):
             role, _, hashed = spec.partition(":")
             if not re.match(NAME_PATTERN, name):
                 raise ValueError(f"operator name {name!r}: 1-100 letters, digits or ._@- (no ':' or spaces)")
+            if name.startswith("oidc."):
+                raise ValueError(f"operator name {name!r}: names starting oidc. are the OpenID provider's users'")
             if role not in ("viewer", "approver", "admin") or not hashed.startswith("scrypt$"):
                 raise ValueError(f'operator {name!r}: expected "viewer:scrypt$...", "approver:..." or "admin:..."')
         return value
+
+    @model_validator(mode="after")
+    def _oidc(self) -> Settings:
+        oidc = (self.oidc_issuer_url, self.oidc_client_id, self.oidc_client_secret)
+        if any(v is not None for v in oidc) and not all(v is not None for v in oidc):
+            raise ValueError("set OIDC_ISSUER_URL, OIDC_CLIENT_ID and OIDC_CLIENT_SECRET together, or none of them")
+        if self.oidc_client_secret is not None and not self.oidc_client_secret.get_secret_value().strip():
+            raise ValueError("OIDC_CLIENT_SECRET is blank: set the secret the provider issued")
+        if self.oidc_issuer_url is not None and not re.match(r"^https?://[^\s/]+", self.oidc_issuer_url):
+            raise ValueError("OIDC_ISSUER_URL must be the provider's http(s) issuer URL")
+        if not self.console_password_sign_in and self.oidc_issuer_url is None:
+            raise ValueError("CONSOLE_PASSWORD_SIGN_IN=false needs OIDC_ISSUER_URL: no one could sign in")
+        return self
 
     @field_validator("refund_agent_trusted_proxies")
     @classmethod

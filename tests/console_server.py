@@ -31,7 +31,7 @@ _CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
 class ConsoleServer(ThreadedServer):
     def __init__(self, env: Env, *, operators: dict[str, str] | None = None, **overrides: Any) -> None:
-        port = free_port()
+        port = int(overrides.pop("refund_agent_port", 0)) or free_port()  # fixed: a provider knows it
         values: dict[str, Any] = {
             "refund_agent_operators": OPERATORS if operators is None else operators,
             "refund_agent_session_secret": "test-session-secret-at-least-32-bytes-long",

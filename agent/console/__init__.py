@@ -2,11 +2,12 @@
 
 from fastapi import APIRouter
 
-from agent.console import session_views, signin, views
+from agent.console import oidc_views, session_views, signin, views
 from agent.console.pages import setup
 
 router = APIRouter()
 router.include_router(signin.router)
+router.include_router(oidc_views.router)
 router.include_router(views.router)
 router.include_router(session_views.router)
 

@@ -17,6 +17,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from markupsafe import Markup, escape
 
 from agent.console import addresses, auth, sessions
+from agent.console.oidc import OidcConfig, Provider
 from agent.settings import Settings
 from steps.records import UnsupportedCurrencyError, format_money
 
@@ -91,12 +92,21 @@ class ConsoleState:
     trusted_proxies: tuple[addresses.Network, ...] = ()
     generated_admin: bool = False
     """No operator was configured: the one account is ``admin``, its password in the data directory."""
+    oidc: Provider | None = None
+    """The company's OpenID provider, when configured."""
+    password_sign_in: bool = True
+
+    @property
+    def oidc_credentials(self) -> str | None:
+        return self.oidc.config.credentials if self.oidc is not None else None
 
 
 def setup(app: FastAPI, settings: Settings) -> None:
     """Load the operators (or make the default admin) and the keys; called in the server's lifespan."""
     operators = auth.parse_operators(settings.refund_agent_operators)
-    if not operators:
+    if not settings.console_password_sign_in:
+        operators = {}  # no password signs anyone in, and sessions started with one end
+    elif not operators:
         operators = {"admin": auth.generated_admin(settings.console_admin_password())}
         log.warning(
             "console: no operators configured; sign in at /console as 'admin' with the password in %s",
@@ -107,8 +117,27 @@ def setup(app: FastAPI, settings: Settings) -> None:
         settings.session_secret(),
         settings.public_url.startswith("https"),
         addresses.networks(settings.refund_agent_trusted_proxies),
-        generated_admin=not settings.refund_agent_operators,
+        generated_admin=settings.console_password_sign_in and not settings.refund_agent_operators,
+        oidc=_provider(settings),
+        password_sign_in=settings.console_password_sign_in,
     )
+
+
+def _provider(settings: Settings) -> Provider | None:
+    if settings.oidc_issuer_url is None or settings.oidc_client_id is None or settings.oidc_client_secret is None:
+        return None
+    base = settings.public_url.rstrip("/")
+    config = OidcConfig(
+        issuer=settings.oidc_issuer_url,
+        client_id=settings.oidc_client_id,
+        client_secret=settings.oidc_client_secret.get_secret_value(),
+        redirect_uri=f"{base}/console/auth/callback",
+        post_logout_uri=f"{base}/console/login",
+        scopes=settings.oidc_scopes,
+        groups_claim=settings.oidc_groups_claim,
+        role_groups=dict(settings.oidc_role_groups),
+    )
+    return Provider(config)
 
 
 def _state(request: Request) -> ConsoleState:
@@ -129,7 +158,8 @@ def _session(request: Request, state: StateDep) -> auth.Session | None:
     form's session, else None."""
     session_id = request.cookies.get(auth.SESSION_COOKIE)
     if session_id:
-        signed_in = sessions.current(session_id, state.operators, client_address(request, state))
+        address = client_address(request, state)
+        signed_in = sessions.current(session_id, state.operators, address, state.oidc_credentials)
         if signed_in is not None:
             return signed_in
         request.state.console_session_ended = True  # the response clears the cookie
@@ -148,6 +178,10 @@ def finish(
 ) -> Response:
     """Security headers; a new sign-in form session's cookie; the cookie of a session that ended, cleared."""
     response.headers.update(HEADERS)
+    if state.oidc is not None:  # sign-out's redirect to the provider's end-session endpoint is a form's target
+        csp = HEADERS["Content-Security-Policy"]
+        origins = " ".join(state.oidc.origins())
+        response.headers["Content-Security-Policy"] = csp.replace("form-action 'self'", f"form-action 'self' {origins}")
     if form_session is not None:
         response.set_cookie(
             auth.FORM_COOKIE,

@@ -23,7 +23,8 @@ def _admin_only(request: Request, state: pages.ConsoleState, session: auth.Sessi
 
 
 def _listed(state: pages.ConsoleState, request: Request, session: auth.Session) -> list[OperatorSession]:
-    return sessions.active(state.operators, f"{session.operator} ({pages.client_address(request, state)})")
+    seen_by = f"{session.operator} ({pages.client_address(request, state)})"
+    return sessions.active(state.operators, seen_by, state.oidc_credentials)
 
 
 @router.get("/sessions")

@@ -34,27 +34,35 @@ def backed(operators: Mapping[str, auth.Operator]) -> dict[str, str]:
     return {name: auth.credentials(operator) for name, operator in operators.items()}
 
 
-def _why_ended(row: OperatorSession, operators: Mapping[str, auth.Operator], now: datetime) -> str | None:
+def _why_ended(
+    row: OperatorSession, operators: Mapping[str, auth.Operator], oidc: str | None, now: datetime
+) -> str | None:
     operator = operators.get(row.operator)
-    if operator is None:
+    if row.credentials.startswith("oidc:"):  # signed in through the provider: its role was mapped then
+        if row.credentials != oidc:
+            return "sign-in provider or its role mapping changed"
+    elif operator is None:
         return "operator removed"
-    if auth.credentials(operator) != row.credentials:
+    elif auth.credentials(operator) != row.credentials:
         return "role or password changed"
     if row.ended(now, auth.SESSION_IDLE):
         return "expired"
     return None
 
 
-def current(session_id: str, operators: Mapping[str, auth.Operator], address: str) -> auth.Session | None:
+def current(
+    session_id: str, operators: Mapping[str, auth.Operator], address: str, oidc: str | None = None
+) -> auth.Session | None:
     """The signed-in session the cookie names, if its row exists, has not ended, and the operator is still
-    configured with the credentials it signed in with; a session that fails any of these is deleted."""
+    configured with the credentials it signed in with (for one signed in through the provider: the provider
+    and role mapping configured now, ``oidc``); a session that fails any of these is deleted."""
     now = datetime.now(UTC)
     key = console_sessions.session_hash(session_id)
     with app_db().engine.connect() as conn:
         row = console_sessions.find(conn, key)
     if row is None:
         return None
-    reason = _why_ended(row, operators, now)
+    reason = _why_ended(row, operators, oidc, now)
     if reason is not None:
         with app_db().engine.begin() as conn:
             ended = console_sessions.delete(conn, key)
@@ -66,17 +74,29 @@ def current(session_id: str, operators: Mapping[str, auth.Operator], address: st
     if now - row.last_seen_at >= auth.SESSION_TOUCH_EVERY:
         with app_db().engine.begin() as conn:
             console_sessions.touch(conn, key, now)
-    role = operators[row.operator].role
+    role: auth.Role = operators[row.operator].role if row.operator in operators else _role(row.role)
     return auth.Session(
         csrf=row.csrf, expires=int(row.expires_at.timestamp()), operator=row.operator, role=role, ref=key
     )
 
 
+def _role(text: str) -> auth.Role:
+    return next(role for role in auth.ROLES if role == text)
+
+
 def start(
-    operator: auth.Operator, *, name_digest: str, address: str, user_agent: str, replacing: auth.Session | None
+    operator: auth.Operator,
+    *,
+    name_digest: str,
+    address: str,
+    user_agent: str,
+    replacing: auth.Session | None,
+    oidc: str | None = None,
+    identity: Mapping[str, Any] | None = None,
 ) -> str:
     """Sign the operator in: a new session (and CSRF token); the cookie's value is returned. A session the
-    browser already had ends (signing in always starts afresh)."""
+    browser already had ends (signing in always starts afresh). Through the provider: ``oidc`` is the
+    session's fingerprint and ``identity`` (subject, email, groups) goes into the audit entry."""
     now = datetime.now(UTC)
     session_id = secrets.token_urlsafe(32)
     with app_db().engine.begin() as conn:
@@ -92,7 +112,7 @@ def start(
             session_id=session_id,
             operator=operator.name,
             role=operator.role,
-            credentials=auth.credentials(operator),
+            credentials=oidc or auth.credentials(operator),
             csrf=secrets.token_urlsafe(24),
             address=address,
             user_agent=user_agent,
@@ -100,7 +120,7 @@ def start(
             lifetime=auth.SESSION_LIFETIME,
         )
         payload = {"operator": operator.name, "role": operator.role, "session": created.label, "address": address}
-        _audit(conn, "console_signed_in", payload, now)
+        _audit(conn, "console_signed_in", {**payload, **(identity or {})}, now)
     log.info("console: %s signed in (%s) from %s", operator.name, operator.role, address)
     return session_id
 
@@ -139,13 +159,17 @@ def revoke(key: str, *, event: str, by: str, address: str) -> OperatorSession | 
     return ended
 
 
-def active(operators: Mapping[str, auth.Operator], seen_by: str) -> list[OperatorSession]:
+def active(operators: Mapping[str, auth.Operator], seen_by: str, oidc: str | None = None) -> list[OperatorSession]:
     """The sessions that can still be used, most recently used first; on the way, the ones that cannot
     (ended, or no longer backed by the configuration) are deleted. ``seen_by``: the admin listing them."""
     now = datetime.now(UTC)
     with app_db().engine.begin() as conn:
         console_sessions.delete_ended(conn, now=now, idle=auth.SESSION_IDLE)
-        for row in console_sessions.delete_unbacked(conn, backed(operators)):
+        fingerprints = backed(operators)
+        if oidc is not None:  # sessions through the provider are backed by its configuration as it is now
+            rows = console_sessions.all_sessions(conn)
+            fingerprints |= {row.operator: oidc for row in rows if row.credentials == oidc}
+        for row in console_sessions.delete_unbacked(conn, fingerprints):
             reason = "operator removed" if row.operator not in operators else "role or password changed"
             payload = {"operator": row.operator, "session": row.label, "reason": reason, "seen_by": seen_by}
             _audit(conn, "console_session_ended", {**payload, "session_address": row.address}, now)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import logging
 import math
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse, Response
 
-from agent.console import auth, pages, sessions
+from agent.console import auth, oidc_views, pages, sessions
 from agent.console.pages import SessionDep, StateDep
 from steps import sign_in_throttle
 from steps.store import app_db
@@ -22,9 +22,17 @@ router = APIRouter(prefix="/console", include_in_schema=False)
 
 @router.get("/login")
 def login_page(request: Request, state: StateDep, session: SessionDep, next: str = "/console") -> Response:
-    return pages.render(
-        request, state, session, "login.html", next=next, error=None, generated_admin=state.generated_admin
-    )
+    return pages.render(request, state, session, "login.html", **_context(state, next, None))
+
+
+def _context(state: StateDep, next: str, error: str | None) -> dict[str, Any]:
+    return {
+        "next": next,
+        "error": error,
+        "generated_admin": state.generated_admin,
+        "oidc": state.oidc is not None,
+        "password_sign_in": state.password_sign_in,
+    }
 
 
 @router.post("/login")
@@ -37,6 +45,9 @@ def login(
     csrf: Annotated[str | None, Form()] = None,
     next: Annotated[str, Form(max_length=2000)] = "/console",
 ) -> Response:
+    if not state.password_sign_in:
+        text = "Password sign-in is off here: sign in with the company's identity provider."
+        return pages.message(request, state, session, "Refused", text, 403)
     if not auth.csrf_ok(session, csrf):
         return pages.message(
             request, state, session, "Refused", "The form has expired; open the sign-in page again.", 403
@@ -45,8 +56,7 @@ def login(
     digest = auth.name_digest(state.secret, name)
 
     def again(status: int, error: str) -> Response:
-        context = {"next": next, "error": error, "generated_admin": state.generated_admin}
-        return pages.render(request, state, session, "login.html", status, **context)
+        return pages.render(request, state, session, "login.html", status, **_context(state, next, error))
 
     with app_db().engine.begin() as conn:
         attempt = sign_in_throttle.begin_attempt(
@@ -95,6 +105,6 @@ def logout(
     if session.ref is not None:  # the row goes: a copy of the cookie signs no one in any more
         by = session.operator or ""
         sessions.revoke(session.ref, event="console_signed_out", by=by, address=pages.client_address(request, state))
-    response = pages.finish(RedirectResponse("/console/login", status_code=303), state, request)
+    response = oidc_views.signed_out(request, state, session.operator)  # and the provider's session, if any
     pages.end_session_cookie(response)
     return response
