@@ -91,9 +91,9 @@ class Demo:
         from agent import runtime
 
         self.say(f"embedded default in {self.dir} (SQLite, WAL); offline model; payments sandbox on :{self.port}")
-        self.start(["sandbox-payments", "--port", str(self.port)], "sandbox.log")
-        wait_for(lambda: http_ok(f"{self.base}/_sandbox/healthz"), timeout=30, what="the payments sandbox")
+        self.start(["sandbox-payments", "--port", str(self.port)], "sandbox.log")  # both sandboxes start at once
         self.start(["sandbox-evidence", "--port", str(self.evidence_port)], "evidence.log")
+        wait_for(lambda: http_ok(f"{self.base}/_sandbox/healthz"), timeout=30, what="the payments sandbox")
         evidence = f"http://127.0.0.1:{self.evidence_port}/_sandbox/healthz"
         wait_for(lambda: http_ok(evidence), timeout=30, what="the evidence sandbox")
         runtime.migrate_databases(self.settings)
