@@ -117,6 +117,11 @@ R = TypeVar("R", bound=Record)
 _ONLY_THIS_ORDER = {"error": "only the order named in this refund request can be looked up"}
 
 
+def _this_order(ctx: RunContext[AgentDeps], order_id: str) -> OrderSnapshot | None:
+    """The request's order as the case file read it, when ``order_id`` names it; a tool reads no other."""
+    return ctx.deps.snapshot if order_id == ctx.deps.request.order_id else None
+
+
 async def _look_up(ctx: RunContext[AgentDeps], name: LookUp, step: Callable[..., R], *args: str) -> dict[str, Any]:
     """Run one look-up step and keep its output (or its failure) for policy; the model reads the same record."""
     try:
@@ -136,8 +141,8 @@ async def track_shipment(ctx: RunContext[AgentDeps], order_id: str) -> dict[str,
     Args:
         order_id: the order named in the refund request.
     """
-    snapshot = ctx.deps.snapshot
-    if order_id != ctx.deps.request.order_id or snapshot is None:
+    snapshot = _this_order(ctx, order_id)
+    if snapshot is None:
         return _ONLY_THIS_ORDER
     if not snapshot.order.tracking_code:
         return {"error": "this order has no shipment to track"}
@@ -150,7 +155,8 @@ async def check_return(ctx: RunContext[AgentDeps], order_id: str) -> dict[str, A
     Args:
         order_id: the order named in the refund request.
     """
-    if order_id != ctx.deps.request.order_id or ctx.deps.snapshot is None:
+    snapshot = _this_order(ctx, order_id)
+    if snapshot is None:
         return _ONLY_THIS_ORDER
     return await _look_up(ctx, "returns", return_status_step, order_id)
 
@@ -161,8 +167,8 @@ async def check_payment_risk(ctx: RunContext[AgentDeps], order_id: str) -> dict[
     Args:
         order_id: the order named in the refund request.
     """
-    snapshot = ctx.deps.snapshot
-    if order_id != ctx.deps.request.order_id or snapshot is None:
+    snapshot = _this_order(ctx, order_id)
+    if snapshot is None:
         return _ONLY_THIS_ORDER
     return await _look_up(ctx, "risk", payment_risk_step, snapshot.order.charge_id)
 
@@ -173,8 +179,8 @@ async def read_earlier_tickets(ctx: RunContext[AgentDeps], order_id: str) -> dic
     Args:
         order_id: the order named in the refund request (its customer's tickets are read).
     """
-    snapshot = ctx.deps.snapshot
-    if order_id != ctx.deps.request.order_id or snapshot is None:
+    snapshot = _this_order(ctx, order_id)
+    if snapshot is None:
         return _ONLY_THIS_ORDER
     if not snapshot.order.customer_email:
         return {"error": "the customer has no email address on file"}

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import cache
+from typing import Any
 
 from agent.identity import ROLES, Operator, Role, parse_operators, role_at_least
 from steps.sign_in_throttle import AddressLimit, Backoff
@@ -120,22 +121,36 @@ def new_form_session(*, now: float | None = None) -> Session:
     return Session(csrf=secrets.token_urlsafe(24), expires=int((time.time() if now is None else now) + FORM_SECONDS))
 
 
+def sign_values(values: list[Any], secret: bytes, purpose: bytes) -> str:
+    """``values`` as a cookie this server signs: base64 JSON and an HMAC-SHA256 bound to ``purpose``."""
+    body = _b64(json.dumps(values).encode())
+    return f"{body}.{_sign(body, secret, purpose)}"
+
+
+def signed_values(cookie: str | None, secret: bytes, purpose: bytes) -> list[Any] | None:
+    """The values of a cookie ``sign_values`` made for ``purpose``, or None (missing, forged, malformed)."""
+    if not cookie or "." not in cookie:
+        return None
+    body, _, signature = cookie.rpartition(".")
+    if not hmac.compare_digest(signature, _sign(body, secret, purpose)):
+        return None
+    try:
+        values = json.loads(_unb64(body))
+    except (ValueError, TypeError):
+        return None
+    return values if isinstance(values, list) else None
+
+
 def encode_form_session(session: Session, secret: bytes) -> str:
-    body = _b64(json.dumps([session.csrf, session.expires]).encode())
-    return f"{body}.{_sign(body, secret)}"
+    return sign_values([session.csrf, session.expires], secret, FORM_PURPOSE)
 
 
 def decode_form_session(cookie: str | None, secret: bytes, *, now: float | None = None) -> Session | None:
     """The sign-in form's session in a cookie this server signed, or None (missing, forged, malformed, expired)."""
-    if not cookie or "." not in cookie:
+    values = signed_values(cookie, secret, FORM_PURPOSE)
+    if values is None or len(values) != 2:
         return None
-    body, _, signature = cookie.rpartition(".")
-    if not hmac.compare_digest(signature, _sign(body, secret)):
-        return None
-    try:
-        csrf, expires = json.loads(_unb64(body))
-    except (ValueError, TypeError):
-        return None
+    csrf, expires = values
     if int(expires) < (time.time() if now is None else now):
         return None
     return Session(csrf=str(csrf), expires=int(expires))
@@ -145,8 +160,11 @@ def csrf_ok(session: Session | None, presented: str | None) -> bool:
     return session is not None and bool(presented) and hmac.compare_digest(session.csrf, str(presented))
 
 
-def _sign(body: str, secret: bytes) -> str:
-    return hmac.new(secret, b"console-form:" + body.encode(), hashlib.sha256).hexdigest()
+FORM_PURPOSE = b"console-form:"
+
+
+def _sign(body: str, secret: bytes, purpose: bytes) -> str:
+    return hmac.new(secret, purpose + body.encode(), hashlib.sha256).hexdigest()
 
 
 def _b64(raw: bytes) -> str:

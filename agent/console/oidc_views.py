@@ -8,10 +8,6 @@ successful one starts a server-side session like a password sign-in does.
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
-import json
 import logging
 import time
 from datetime import UTC, datetime
@@ -34,28 +30,20 @@ ID_TOKEN_COOKIE = "refund_console_oidc_id"  # noqa: S105 (a cookie name)
 FLOW_SECONDS = 600
 
 
-def _sign(body: str, secret: bytes) -> str:
-    return hmac.new(secret, b"console-oidc-flow:" + body.encode(), hashlib.sha256).hexdigest()
+FLOW_PURPOSE = b"console-oidc-flow:"
 
 
 def encode_flow(flow: Flow, secret: bytes, *, now: float | None = None) -> str:
     expires = int((time.time() if now is None else now) + FLOW_SECONDS)
-    raw = json.dumps([flow.state, flow.nonce, flow.verifier, flow.next, expires]).encode()
-    body = base64.urlsafe_b64encode(raw).decode().rstrip("=")
-    return f"{body}.{_sign(body, secret)}"
+    return auth.sign_values([flow.state, flow.nonce, flow.verifier, flow.next, expires], secret, FLOW_PURPOSE)
 
 
 def decode_flow(cookie: str | None, secret: bytes, *, now: float | None = None) -> Flow | None:
     """The flow this browser started here, or None (missing, forged, malformed, older than 10 minutes)."""
-    if not cookie or "." not in cookie:
+    values = auth.signed_values(cookie, secret, FLOW_PURPOSE)
+    if values is None or len(values) != 5:
         return None
-    body, _, signature = cookie.rpartition(".")
-    if not hmac.compare_digest(signature, _sign(body, secret)):
-        return None
-    try:
-        state, nonce, verifier, next_page, expires = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
-    except (ValueError, TypeError):
-        return None
+    state, nonce, verifier, next_page, expires = values
     if int(expires) < (time.time() if now is None else now):
         return None
     return Flow(str(state), str(nonce), str(verifier), str(next_page))
