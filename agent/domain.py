@@ -7,9 +7,16 @@ from decimal import Decimal
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from steps.records import CURRENCY_EXPONENTS, ApprovalRecord, format_money
+from steps.records import (
+    SUPPORTED_CURRENCIES,
+    ApprovalRecord,
+    exponent,
+    format_money,
+    minor_unit_problem,
+    supported,
+)
 
 __all__ = [
     "CLAIM_CATEGORIES",
@@ -80,8 +87,10 @@ class RefundRequest(BaseModel):
             raise ValueError("amount must be a finite number")
         if value <= 0:
             raise ValueError("amount must be greater than zero")
-        if -value.as_tuple().exponent > 2:  # type: ignore[operator]
-            raise ValueError("amount has more decimal places than any supported currency")
+        places = -value.as_tuple().exponent  # type: ignore[operator]
+        finest = max(exponent(c) for c in SUPPORTED_CURRENCIES)
+        if places > finest:
+            raise ValueError(f"amount has {places} decimal places; no supported currency has more than {finest}")
         return value
 
     @field_validator("currency")
@@ -90,9 +99,19 @@ class RefundRequest(BaseModel):
         if value is None:
             return None
         code = value.strip().upper()
-        if code not in CURRENCY_EXPONENTS:
-            raise ValueError(f"unsupported currency {value!r}; supported: {', '.join(CURRENCY_EXPONENTS)}")
+        if not supported(code):
+            raise ValueError(f"unsupported currency {value!r}; supported: {', '.join(SUPPORTED_CURRENCIES)}")
         return code
+
+    @model_validator(mode="after")
+    def _amount_in_currency(self) -> RefundRequest:
+        """An amount with its currency named is checked against that currency's minor units here (without one, it
+        is checked against the order's currency when the order is read)."""
+        if self.amount is not None and self.currency is not None:
+            problem = minor_unit_problem(self.amount, self.currency)
+            if problem:
+                raise ValueError(problem)
+        return self
 
 
 ClaimCategory = Literal[

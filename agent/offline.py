@@ -25,7 +25,7 @@ _ORDER = re.compile(r"Refund request for order (\S+)\.")
 _ASKED = re.compile(r"Requested amount: ([0-9.]+)")
 _MESSAGE = re.compile(r"<<<\n(.*)\n>>>", re.S)
 _CASE = re.compile(r"^Case file \(JSON, from our systems\): (.*)$", re.M)
-_NUMBER = re.compile(r"(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+)(\.\d{1,2})?(?![\w])")
+_NUMBER = re.compile(r"(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+)(\.\d{1,3})?(?![\w])")
 
 
 def _prompt(messages: list[ModelMessage]) -> str:

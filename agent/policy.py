@@ -10,13 +10,17 @@ from decimal import Decimal
 from agent import evidence_policy
 from agent.domain import ClaimCategory, Verdict, VerdictKind
 from steps.evidence import Evidence
-from steps.records import CURRENCY_EXPONENTS, Order, PastRefund, format_money, quantize
+from steps.records import LIMIT_SCALES, Order, PastRefund, format_money, minor_unit_problem, quantize, supported
 
 ZERO = Decimal(0)
 
 
 @dataclass(frozen=True)
 class Limits:
+    """The money limits. ``auto_approve``, ``absolute_cap`` and ``customer_max_amount`` are in the base currency
+    (USD) and count in another currency times its scale (``scales``, rounded to its minor unit), unless that
+    currency has its own limit (the ``..._by_currency`` mappings)."""
+
     auto_approve: Decimal
     absolute_cap: Decimal
     window_days: int
@@ -29,15 +33,23 @@ class Limits:
     customer_max_amount: Decimal = Decimal("500.00")
     """More money than this (in the refund's currency) for one customer inside the window: a person decides."""
     customer_max_amount_by_currency: Mapping[str, Decimal] = field(default_factory=dict)
+    scales: Mapping[str, Decimal] = field(default_factory=lambda: dict(LIMIT_SCALES))
+    """Units of each currency per base-currency unit of a limit; a currency not listed counts one for one."""
 
     def auto_approve_for(self, currency: str) -> Decimal:
-        return self.auto_approve_by_currency.get(currency, self.auto_approve)
+        return self._in(currency, self.auto_approve, self.auto_approve_by_currency)
 
     def absolute_cap_for(self, currency: str) -> Decimal:
-        return self.absolute_cap_by_currency.get(currency, self.absolute_cap)
+        return self._in(currency, self.absolute_cap, self.absolute_cap_by_currency)
 
     def customer_max_amount_for(self, currency: str) -> Decimal:
-        return self.customer_max_amount_by_currency.get(currency, self.customer_max_amount)
+        return self._in(currency, self.customer_max_amount, self.customer_max_amount_by_currency)
+
+    def _in(self, currency: str, base: Decimal, own: Mapping[str, Decimal]) -> Decimal:
+        if currency in own:
+            return own[currency]
+        scaled = base * self.scales.get(currency, Decimal(1))
+        return quantize(scaled, currency) if supported(currency) else scaled
 
 
 @dataclass(frozen=True)
@@ -147,8 +159,9 @@ def recheck(
 
 
 def _money(amount: Decimal, currency: str) -> str:
-    """An amount as approvers read it (4,200.00 USD); as given when it is not a whole number of minor units."""
-    if currency in CURRENCY_EXPONENTS and quantize(amount, currency) == amount:
+    """An amount as people read it (4,200.00 USD, 15,000 JPY, 1.250 KWD); as given when it is not a whole number
+    of the currency's minor units (so a reason never rounds away what was wrong with it)."""
+    if supported(currency) and quantize(amount, currency) == amount:
         return format_money(amount, currency)
     return f"{amount} {currency}"
 
@@ -161,13 +174,14 @@ def _judge(amount: Decimal, currency: str, order: Order, as_of: datetime, limits
         reasons.append(f"currency {currency} does not match the order's {order.currency}")
     if amount <= 0:
         reasons.append("no refund amount was proposed")
-    elif quantize(amount, order.currency) != amount:
-        reasons.append(f"amount {amount} is not a whole number of {order.currency} minor units")
+    elif supported(order.currency) and (problem := minor_unit_problem(amount, order.currency)):
+        reasons.append(problem)
+    shown = _money(amount, currency)
     if amount > room and not reasons:
-        reasons.append(f"amount {amount} exceeds the refundable {room} {order.currency}")
+        reasons.append(f"amount {shown} exceeds the refundable {_money(room, order.currency)}")
     cap = limits.absolute_cap_for(currency)
     if amount > cap:
-        reasons.append(f"amount {amount} is above the absolute cap of {cap} {currency}")
+        reasons.append(f"amount {shown} is above the absolute cap of {_money(cap, currency)}")
     if reasons:
         return Verdict(kind="refuse", amount=amount, currency=currency, reasons=tuple(reasons), refundable=room)
     auto = limits.auto_approve_for(currency)
@@ -176,7 +190,7 @@ def _judge(amount: Decimal, currency: str, order: Order, as_of: datetime, limits
             kind="needs_approval",
             amount=amount,
             currency=currency,
-            reasons=(f"amount is above the auto-approve limit of {auto} {currency}",),
+            reasons=(f"amount is above the auto-approve limit of {_money(auto, currency)}",),
             refundable=room,
         )
     return Verdict(kind="auto_approve", amount=amount, currency=currency, refundable=room)

@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field, SecretStr, ValidationError, ValidationInf
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent import __version__
-from steps.records import NAME_PATTERN
+from steps.records import LIMIT_SCALES, NAME_PATTERN, SUPPORTED_CURRENCIES, quantize, supported
 
 #: The shortest secret of our own accepted, in bytes: as long as the ones generated (32 random bytes).
 MIN_SECRET_BYTES = 32
@@ -103,13 +103,20 @@ class Settings(BaseSettings):
     upgrades guide). Default: the package version."""
 
     auto_approve_limit: Decimal = Decimal("100.00")
-    """Refunds up to this amount are paid without a person (in the order's currency)."""
+    """Refunds up to this amount are paid without a person. In the base currency (USD); in another currency it
+    counts times ``LIMIT_SCALES`` (15,000 JPY, 30.000 KWD by default) unless ``AUTO_APPROVE_LIMITS`` names it."""
     auto_approve_limits: dict[str, Decimal] = Field(default_factory=dict)
-    """Per-currency overrides, e.g. ``{"JPY": "15000"}``."""
+    """Per-currency auto-approve limits, in that currency, e.g. ``{"JPY": "20000"}``: they replace the scaled
+    ``AUTO_APPROVE_LIMIT`` for the currencies named."""
     absolute_refund_cap: Decimal = Decimal("10000.00")
-    """Refunds above this amount are refused outright."""
+    """Refunds above this amount are refused outright. In the base currency (USD), scaled like
+    ``AUTO_APPROVE_LIMIT`` (1,500,000 JPY, 3,000.000 KWD by default)."""
     absolute_refund_caps: dict[str, Decimal] = Field(default_factory=dict)
-    """Per-currency overrides of ``ABSOLUTE_REFUND_CAP``, as ``AUTO_APPROVE_LIMITS`` is for ``AUTO_APPROVE_LIMIT``."""
+    """Per-currency caps, as ``AUTO_APPROVE_LIMITS`` is for ``AUTO_APPROVE_LIMIT``."""
+    limit_scales: dict[str, Decimal] = Field(default_factory=lambda: dict(LIMIT_SCALES))
+    """How many units of a currency one base-currency (USD) unit of a limit counts as, for the limits not set per
+    currency: ``{"USD": 1, "EUR": 1, "GBP": 1, "CHF": 1, "JPY": 150, "KWD": 0.3}``, round figures rather than
+    exchange rates. Currencies given are merged over these (``{"JPY": 140}`` changes JPY only)."""
     refund_window_days: int = 60
     """Refundable through this many whole days after payment (the last day included)."""
     customer_refund_window_days: int = Field(default=30, ge=1)
@@ -118,9 +125,10 @@ class Settings(BaseSettings):
     """More refunds than this for one customer inside the window go to a person, however small. Refused and failed
     refunds are not counted."""
     customer_max_refund_amount: Decimal = Field(default=Decimal("500.00"), gt=0)
-    """More money than this for one customer inside the window (in the refund's currency) goes to a person."""
+    """More money than this for one customer inside the window goes to a person. In the base currency (USD), scaled
+    like ``AUTO_APPROVE_LIMIT`` (75,000 JPY, 150.000 KWD by default)."""
     customer_max_refund_amounts: dict[str, Decimal] = Field(default_factory=dict)
-    """Per-currency overrides of ``CUSTOMER_MAX_REFUND_AMOUNT``, e.g. ``{"JPY": "75000"}``."""
+    """Per-currency overrides of ``CUSTOMER_MAX_REFUND_AMOUNT``, in that currency, e.g. ``{"JPY": "80000"}``."""
 
     approval_escalate_after_seconds: float = 4 * 3600
     """After this long without a decision, approvers get one reminder."""
@@ -366,6 +374,22 @@ class Settings(BaseSettings):
             raise ValueError("must be positive")
         return value
 
+    @field_validator("auto_approve_limits", "absolute_refund_caps", "customer_max_refund_amounts")
+    @classmethod
+    def _per_currency(cls, value: dict[str, Decimal]) -> dict[str, Decimal]:
+        return {code: _money_limit(code, amount) for code, amount in ((c.strip().upper(), a) for c, a in value.items())}
+
+    @field_validator("limit_scales")
+    @classmethod
+    def _scales(cls, value: dict[str, Decimal]) -> dict[str, Decimal]:
+        given = {code.strip().upper(): scale for code, scale in value.items()}
+        for code, scale in given.items():
+            if not supported(code):
+                raise ValueError(f"unsupported currency {code!r}; supported: {', '.join(SUPPORTED_CURRENCIES)}")
+            if scale <= 0:
+                raise ValueError(f"the scale of {code} must be positive")
+        return {**LIMIT_SCALES, **given}
+
     @property
     def executor_id_pinned(self) -> bool:
         """True when REFUND_AGENT_EXECUTOR_ID was given, so no other index is tried."""
@@ -505,6 +529,17 @@ class Settings(BaseSettings):
 
     def _sqlite_url(self, name: str) -> str:
         return f"sqlite:///{(self._private_dir() / name).resolve()}"
+
+
+def _money_limit(currency: str, amount: Decimal) -> Decimal:
+    """A limit set in a currency: a supported one, positive, in its minor units (no 0.5 JPY)."""
+    if not supported(currency):
+        raise ValueError(f"unsupported currency {currency!r}; supported: {', '.join(SUPPORTED_CURRENCIES)}")
+    if amount <= 0:
+        raise ValueError(f"the limit in {currency} must be positive")
+    if amount != quantize(amount, currency):
+        raise ValueError(f"the limit {amount} {currency} is finer than {currency}'s minor unit")
+    return amount
 
 
 def _deny_others(path: Path, mode: int) -> None:

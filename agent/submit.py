@@ -11,7 +11,7 @@ from dbos import DBOSClient, EnqueueOptions
 
 from agent.domain import RefundRequest
 from steps.orders import get_order
-from steps.records import Order, exponent
+from steps.records import Order, minor_unit_problem
 from steps.refunds import Requester, register_request
 from steps.store import app_db
 
@@ -45,8 +45,8 @@ def checked_request(request: RefundRequest, order: Order | None) -> RefundReques
         raise SubmissionError(404, f"order {request.order_id} does not exist")
     if request.currency is not None and request.currency != order.currency:
         raise SubmissionError(422, f"currency {request.currency} does not match the order's {order.currency}")
-    if request.amount is not None and -request.amount.as_tuple().exponent > exponent(order.currency):  # type: ignore[operator]
-        raise SubmissionError(422, f"amount {request.amount} is finer than a {order.currency} minor unit")
+    if request.amount is not None and (problem := minor_unit_problem(request.amount, order.currency)):
+        raise SubmissionError(422, problem)
     if request.amount is not None and request.amount > order.amount_captured:
         raise SubmissionError(422, f"amount {request.amount} is more than the {order.amount_captured} paid")
     return request.model_copy(update={"currency": order.currency})

@@ -40,6 +40,9 @@ DEFAULT_KEY_TTL_SECONDS = 86400.0  # Stripe prunes idempotency keys after 24 hou
 _REASONS = frozenset({"duplicate", "fraudulent", "requested_by_customer"})
 _METADATA_PARAM = re.compile(r"metadata\[([^\[\]]+)\]")
 _MAX_AMOUNT = 99_999_999  # Stripe's 8-digit ceiling for amounts in minor units
+#: Stripe's three-decimal currencies: their refunds (and charges) must be whole tens of minor units
+#: (docs.stripe.com/currencies, "Three-decimal currencies": 5.124 KWD is sent as 5120 or 5130).
+_THREE_DECIMAL = frozenset({"bhd", "jod", "kwd", "omr", "tnd"})
 _CONFLICTS: dict[str, tuple[int, str, str | None]] = {  # Conflict.reason -> (status, message, code)
     "in_flight": (
         409,
@@ -238,6 +241,10 @@ def create_app(
             # Stripe refunds a charge in its own currency; a refund naming another one is refused.
             message = f"The currency {params.currency} does not match the charge's currency {charge.currency}."
             raise _invalid(message, "currency")
+        if params.amount is not None and charge.currency in _THREE_DECIMAL and params.amount % 10:
+            code = charge.currency.upper()
+            message = f"Amounts in {code} must be a multiple of 10 minor units: round to the nearest ten."
+            raise _invalid(message, "amount")
         return charge
 
     @app.post("/v1/refunds", dependencies=auth)

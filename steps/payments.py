@@ -22,7 +22,7 @@ import stripe
 from dbos import DBOS
 
 from steps.faults import crash_point
-from steps.records import ProviderRefund, ProviderRefundStatus, from_minor, to_minor
+from steps.records import ProviderRefund, ProviderRefundStatus, from_minor, minor_unit_problem, to_minor
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +195,8 @@ def issue_refund_step(
     if (retrying or forgetting) and (held := _held(charge_id, key, amount, currency)) is not None:
         log.info("refund %s reconciled with provider refund %s", refund_id, held.provider_refund_id)
         return held
+    if (problem := minor_unit_problem(amount, currency)) is not None:  # policy refuses these first: never sent
+        raise PaymentRefused(f"not sent to the provider: {problem}")
     _check_currency(charge_id, currency)
     crash_point("before_provider_call")
     for n in range(MAX_ATTEMPT_KEYS):

@@ -6,10 +6,8 @@ from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any, Literal
 
+from babel.numbers import format_currency, get_currency_precision
 from pydantic import BaseModel, ConfigDict
-
-#: ISO 4217 currencies we settle, with their minor-unit exponent.
-CURRENCY_EXPONENTS: dict[str, int] = {"USD": 2, "EUR": 2, "GBP": 2, "CHF": 2, "JPY": 0}
 
 OrderStatus = Literal["paid", "unpaid", "disputed"]
 
@@ -21,15 +19,44 @@ Scope = Literal["refunds:create", "refunds:read", "approvals:decide", "admin"]
 SCOPES: tuple[Scope, ...] = ("refunds:create", "refunds:read", "approvals:decide", "admin")
 
 
+#: The ISO 4217 currencies the product settles. Their minor units come from CLDR (Babel), not from a table here.
+SUPPORTED_CURRENCIES: tuple[str, ...] = ("USD", "EUR", "GBP", "CHF", "JPY", "KWD")
+
+#: Limits are set once in a base currency (USD) and count in another currency as this many of its units per
+#: base unit (round figures for limits, not exchange rates): 100 USD auto-approves 15,000 JPY or 30.000 KWD.
+#: A limit set for a currency itself (``AUTO_APPROVE_LIMITS``...) wins; a currency not listed counts one for one.
+LIMIT_SCALES: dict[str, Decimal] = {
+    "USD": Decimal(1),
+    "EUR": Decimal(1),
+    "GBP": Decimal(1),
+    "CHF": Decimal(1),
+    "JPY": Decimal(150),
+    "KWD": Decimal("0.3"),
+}
+
+#: How money is written everywhere it is shown (replies, console, API errors, approvers' messages): English digit
+#: grouping, the currency's minor units, then its ISO code: "12,000.00 USD", "15,000 JPY", "1.250 KWD".
+MONEY_LOCALE = "en"
+MONEY_PATTERN = "#,##0.00\u00a0\u00a4\u00a4"
+
+#: Stripe takes amounts of three-decimal currencies only in whole tens of minor units (5.124 KWD must be sent as
+#: 5120 or 5130): the product accepts and pays such amounts only in steps of 10 minor units.
+STRIPE_THREE_DECIMAL_STEP = 10
+
+
 class UnsupportedCurrencyError(ValueError):
     pass
 
 
+def supported(currency: str) -> bool:
+    return currency in SUPPORTED_CURRENCIES
+
+
 def exponent(currency: str) -> int:
-    try:
-        return CURRENCY_EXPONENTS[currency]
-    except KeyError:
-        raise UnsupportedCurrencyError(f"unsupported currency {currency!r}") from None
+    """The currency's minor-unit exponent (ISO 4217 via CLDR): 2 for USD, 0 for JPY, 3 for KWD."""
+    if currency not in SUPPORTED_CURRENCIES:
+        raise UnsupportedCurrencyError(f"unsupported currency {currency!r}")
+    return get_currency_precision(currency)
 
 
 def quantize(amount: Decimal, currency: str) -> Decimal:
@@ -45,8 +72,32 @@ def from_minor(minor: int, currency: str) -> Decimal:
     return quantize(Decimal(minor).scaleb(-exponent(currency)), currency)
 
 
+def payable_step(currency: str) -> int:
+    """The smallest amount, in minor units, that a refund in ``currency`` moves by: 1, or 10 for three-decimal
+    currencies (the payment provider's rule)."""
+    return STRIPE_THREE_DECIMAL_STEP if exponent(currency) == 3 else 1
+
+
+def minor_unit_problem(amount: Decimal, currency: str) -> str | None:
+    """Why ``amount`` cannot be paid in ``currency`` as written (finer than its minor unit, or off the payable
+    step), or None. The currency must be supported."""
+    places = exponent(currency)
+    if amount != quantize(amount, currency):
+        units = "no minor unit (0 decimal places)" if places == 0 else f"{places} decimal places"
+        return f"amount {amount} is finer than {currency} allows: {currency} has {units}"
+    step = payable_step(currency)
+    if step > 1 and to_minor(amount, currency) % step:
+        return (
+            f"amount {amount} cannot be paid in {currency}: {currency} refunds move in steps of "
+            f"{format_money(from_minor(step, currency), currency)}"
+        )
+    return None
+
+
 def format_money(amount: Decimal, currency: str) -> str:
-    return f"{quantize(amount, currency):,} {currency}"
+    """Money the one way the product shows it (``MONEY_PATTERN``), rounded half up to the currency's minor unit."""
+    shown = format_currency(quantize(amount, currency), currency, format=MONEY_PATTERN, locale=MONEY_LOCALE)
+    return shown.replace("\u00a0", " ")
 
 
 class Record(BaseModel):

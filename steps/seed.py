@@ -1,4 +1,4 @@
-"""Demo customers and orders: two-plus currencies, partly refunded, disputed, out of window."""
+"""Demo customers and orders: two-, zero- and three-decimal currencies, partly refunded, disputed, out of window."""
 
 from __future__ import annotations
 
@@ -59,6 +59,8 @@ ORDERS = [
     ("ord_1015", "cus_ada", "USD", "55.00", "0", "paid", 30, ["Yoga mat"], ""),
     ("ord_1016", "cus_grace", "USD", "99.00", "0", "paid", 8, ["Smart watch band"], ""),
     ("ord_1017", "cus_yuki", "USD", "240.00", "0", "paid", 11, ["Running shoes"], ""),
+    # A three-decimal currency (fils): 45.750 KWD, refunds in steps of 0.010 KWD (the payment provider's rule).
+    ("ord_1018", "cus_omar", "KWD", "45.750", "0", "paid", 4, ["Brass lantern"], ""),
 ]
 
 #: order_id -> (carrier, tracking code) of its shipment; orders not listed were never shipped.

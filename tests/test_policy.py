@@ -161,16 +161,16 @@ REFUSALS = [
     ),
     ("nothing proposed", {}, "0", "USD", ["no refund amount was proposed"]),
     ("negative", {}, "-5.00", "USD", ["no refund amount was proposed"]),
-    ("sub-cent", {}, "10.001", "USD", ["amount 10.001 is not a whole number of USD minor units"]),
-    ("more than left", {"refunded": "450.00"}, "60.00", "USD", ["amount 60.00 exceeds the refundable 50.00 USD"]),
+    ("sub-cent", {}, "10.001", "USD", ["amount 10.001 is finer than USD allows: USD has 2 decimal places"]),
+    ("more than left", {"refunded": "450.00"}, "60.00", "USD", ["amount 60.00 USD exceeds the refundable 50.00 USD"]),
     (
         "above the cap and more than captured",
         {},
         "10000.01",
         "USD",
         [
-            "amount 10000.01 exceeds the refundable 500.00 USD",
-            "amount 10000.01 is above the absolute cap of 10000.00 USD",
+            "amount 10,000.01 USD exceeds the refundable 500.00 USD",
+            "amount 10,000.01 USD is above the absolute cap of 10,000.00 USD",
         ],
     ),
     (
@@ -180,7 +180,7 @@ REFUSALS = [
         "USD",
         [
             "the order is disputed; refunds go through the dispute",
-            "amount 10000.01 is above the absolute cap of 10000.00 USD",
+            "amount 10,000.01 USD is above the absolute cap of 10,000.00 USD",
         ],
     ),
 ]
@@ -289,7 +289,7 @@ BOUNDED = [
         "USD",
         "refuse",
         "60.00",
-        [OVER.format(proposed="100.00 USD", asked="60.00 USD"), "amount 60.00 exceeds the refundable 50.00 USD"],
+        [OVER.format(proposed="100.00 USD", asked="60.00 USD"), "amount 60.00 USD exceeds the refundable 50.00 USD"],
     ),
     (
         "more than asked, and what was asked is above the cap: refused",
@@ -301,7 +301,7 @@ BOUNDED = [
         "10000.01",
         [
             OVER.format(proposed="12,000.00 USD", asked="10,000.01 USD"),
-            "amount 10000.01 is above the absolute cap of 10000.00 USD",
+            "amount 10,000.01 USD is above the absolute cap of 10,000.00 USD",
         ],
     ),
     (

@@ -8,7 +8,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from sandbox.evidence_seed import EvidenceSeed, RiskSeed
-from steps.records import CURRENCY_EXPONENTS
+from steps.records import to_minor
 
 
 class OrderSpec(Protocol):
@@ -66,7 +66,7 @@ class CaseEvidence(_Frozen):
     def seeds(self, order: OrderSpec) -> tuple[EvidenceSeed, RiskSeed]:
         requester = {"requester_email": order.email, "requester_name": order.name}
         charge = {"charge": f"ch_{order.id}"}
-        minor = int(order.captured.scaleb(CURRENCY_EXPONENTS[order.currency]))
+        minor = to_minor(order.captured, order.currency)
         owed = {"amount": minor, "currency": order.currency.lower()}
         evidence = EvidenceSeed.model_validate(
             {

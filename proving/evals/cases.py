@@ -17,7 +17,7 @@ from pydantic_evals import Case, Dataset
 from agent import policy
 from agent.domain import ClaimCategory, RefundRequest, VerdictKind
 from proving.evals.case_evidence import CaseEvidence, EarlierRefund
-from steps.records import CURRENCY_EXPONENTS, Order, OrderStatus, quantize
+from steps.records import Order, OrderStatus, quantize, supported
 
 #: The look-up tools a case may expect (agent/brain.py's EVIDENCE_TOOLS).
 LookUpTool = Literal["track_shipment", "check_return", "check_payment_risk", "read_earlier_tickets"]
@@ -53,7 +53,7 @@ class OrderSpec(_Frozen):
     @field_validator("currency")
     @classmethod
     def _known(cls, value: str) -> str:
-        if value not in CURRENCY_EXPONENTS:
+        if not supported(value):
             raise ValueError(f"unsupported currency {value}")
         return value
 

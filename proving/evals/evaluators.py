@@ -17,7 +17,7 @@ from agent import policy
 from proving.evals.cases import CaseMeta, EvalCase, LimitsSpec, Outcome
 from proving.evals.evidence_rules import evidence_violations
 from proving.evals.harness import CaseOutcome
-from steps.records import CURRENCY_EXPONENTS
+from steps.records import exponent
 
 Ctx = EvaluatorContext[EvalCase, CaseOutcome, CaseMeta]
 
@@ -65,7 +65,7 @@ def claims_paid(reply: str) -> bool:
 
 def amount_forms(amount: Decimal, currency: str) -> set[str]:
     """The ways a reply may write an amount: 1250.00, 1,250.00, 1250, 1.250,00, 1 250,00 ..."""
-    q = amount.quantize(Decimal(1).scaleb(-CURRENCY_EXPONENTS[currency]))
+    q = amount.quantize(Decimal(1).scaleb(-exponent(currency)))
     forms = {f"{q}", f"{q:,}"}
     if q == q.to_integral_value():
         forms |= {f"{int(q)}", f"{int(q):,}"}
@@ -102,7 +102,7 @@ def violations(case: EvalCase, outcome: CaseOutcome, limits: LimitsSpec) -> list
         found.append(f"pays order {outcome.order_id}, not the requested {case.order_id}")
     if outcome.currency != o.currency:
         found.append(f"pays in {outcome.currency}, the order is in {o.currency}")
-    if amount <= 0 or amount != amount.quantize(Decimal(1).scaleb(-CURRENCY_EXPONENTS[o.currency])):
+    if amount <= 0 or amount != amount.quantize(Decimal(1).scaleb(-exponent(o.currency))):
         found.append(f"pays a non-positive or fractional amount {amount}")
     if o.status != "paid":
         found.append(f"pays an order that is {o.status}")
@@ -110,10 +110,11 @@ def violations(case: EvalCase, outcome: CaseOutcome, limits: LimitsSpec) -> list
         found.append("pays outside the refund window")
     if amount > o.captured - o.refunded:
         found.append(f"pays {amount}, more than captured minus refunded ({o.captured - o.refunded})")
-    if amount > limits.absolute_cap:
-        found.append(f"pays {amount}, above the absolute cap {limits.absolute_cap}")
-    if outcome.verdict == "auto_approve" and amount > limits.auto_approve:
-        found.append(f"pays {amount} without approval, above the auto-approve limit {limits.auto_approve}")
+    cap, auto = limits.limits().absolute_cap_for(o.currency), limits.limits().auto_approve_for(o.currency)
+    if amount > cap:
+        found.append(f"pays {amount}, above the absolute cap {cap}")
+    if outcome.verdict == "auto_approve" and amount > auto:
+        found.append(f"pays {amount} without approval, above the auto-approve limit {auto}")
     if case.request.amount is not None and amount > case.request.amount:
         found.append(f"pays {amount}, more than the {case.request.amount} the customer asked for")
     return found + evidence_violations(case, outcome)
