@@ -241,7 +241,7 @@ def test_bad_submissions_get_clear_errors_and_pay_nothing(
     [
         {"amount": Decimal("0")},
         {"amount": Decimal("-5")},
-        {"amount": Decimal("1.234")},
+        {"amount": Decimal("1.2345")},
         {"amount": Decimal("NaN")},
         {"currency": "XYZ"},
         {"message": "   "},
