@@ -33,7 +33,7 @@ from agent import runtime, tokens
 from agent.http.server import create_app
 from agent.ops.processes import free_port, wait_for
 from agent.settings import Settings
-from steps.records import CURRENCY_EXPONENTS
+from steps.records import SUPPORTED_CURRENCIES
 from steps.seed import ORDERS
 from steps.store import create_engine
 from tests.conftest import BACKENDS, Env
@@ -204,7 +204,7 @@ CLAIMS = st.builds(
     tokens.ApprovalClaims,
     refund_id=st.one_of(st.just(PENDING), st.from_regex(r"\A[A-Za-z0-9_.:-]{8,40}\Z")),
     amount=st.one_of(st.just(Decimal("4200.00")), st.decimals(min_value=0, max_value=10**9, places=2, allow_nan=False)),
-    currency=st.sampled_from(sorted(CURRENCY_EXPONENTS)),
+    currency=st.sampled_from(sorted(SUPPORTED_CURRENCIES)),
     expires_at=st.datetimes(min_value=datetime(2001, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)),
     approver=st.one_of(
         st.sampled_from(["operator:admin", "slack", f"client:{APPROVER_CLIENT}", "client:default"]),
