@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from agent import __version__, console, runtime
 from agent.http import api_docs, metrics, problems, refunds, startup, webhooks
 from agent.http import approvals as approval_routes
+from agent.http.views import Readiness
 from agent.ops.processes import child_env, http_ok, spawn, stop, wait_for
 from agent.services import Services
 from agent.settings import Settings, get_settings
@@ -163,7 +164,7 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Fast
         body = generate_latest(request.app.state.metrics)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/readyz", tags=["health"], response_model=None)
+    @app.get("/readyz", tags=["health"], response_model=None, responses={200: {"model": Readiness}})
     def readyz(request: Request) -> dict[str, Any] | JSONResponse:
         """The databases answer and DBOS is launched."""
         checks: dict[str, bool] = {}
