@@ -83,9 +83,11 @@ def test_swagger_ui_renders_the_operations_with_no_network_outside(served_app: s
             page = browser.new_page()
             page.route("**/*", only_the_service)
             page.goto(f"{served_app}/docs")
-            expect(page.locator(".opblock-summary-path", has_text="/refunds/{refund_id}").first).to_be_visible()
+            expect(page.locator(".opblock-summary-path", has_text="/refunds/{refund_id}").first).to_be_visible(
+                timeout=30_000
+            )
             page.goto(f"{served_app}/redoc")
-            expect(page.get_by_text("/refunds/{refund_id}").first).to_be_attached()
+            expect(page.get_by_text("/refunds/{refund_id}").first).to_be_attached(timeout=30_000)
         finally:
             browser.close()
     assert not refused, f"the docs pages asked for {refused}"
