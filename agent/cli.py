@@ -37,6 +37,10 @@ def _setup_logging(level: str = "INFO") -> None:
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("stripe").setLevel(logging.WARNING)
+    # Libraries' progress lines (DBOS's schema migrations, Alembic's revisions and plugins) only with DEBUG;
+    # their warnings stay. The application database's migration says where it is in one line.
+    for library in ("dbos", "alembic"):
+        logging.getLogger(library).setLevel(max(logging.getLevelName(level), logging.WARNING))
 
 
 def cmd_migrate(_: argparse.Namespace) -> int:
@@ -94,8 +98,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     overrides = {k: v for k, v in {"refund_agent_host": args.host, "refund_agent_port": args.port}.items() if v}
     settings = get_settings().model_copy(update=overrides)
-    role = "API only (workers run refunds)" if args.no_worker else "API + worker"
-    print(f"refund-agent {role} on http://{settings.refund_agent_host}:{settings.refund_agent_port} (docs at /docs)")
     serve(settings, worker=not args.no_worker)
     return 0
 
@@ -430,7 +432,10 @@ def main(argv: list[str] | None = None) -> int:
         return passthrough(argv[argv.index(args.command) + 1 :])
     if rest:
         p.error(f"unrecognized arguments: {' '.join(rest)}")
-    quiet = args.command in ("status", "approve", "reject", "submit", "clients") or getattr(args, "quiet", False)
+    # Read and decide commands print their answer only (warnings still go to stderr).
+    quiet = args.command in ("status", "steps", "approve", "reject", "submit", "clients", "audit") or getattr(
+        args, "quiet", False
+    )
     _setup_logging("WARNING" if quiet else "INFO")
     from agent.ops.logs import configure_logging
 

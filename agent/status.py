@@ -31,8 +31,23 @@ _ACTIVE = ("ENQUEUED", "PENDING", "DELAYED")
 FINAL = ("completed", "rejected", "failed", "cancelled")
 
 
+def rfc3339(moment: datetime) -> str:
+    """RFC 3339 in UTC with ``Z``, the one form the API and the CLI give times in (no zone stored: UTC)."""
+    moment = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    return moment.isoformat().replace("+00:00", "Z")
+
+
 def _ms(value: int | None) -> str | None:
-    return datetime.fromtimestamp(value / 1000, UTC).isoformat() if value else None
+    return rfc3339(datetime.fromtimestamp(value / 1000, UTC)) if value else None
+
+
+_REQUEST_TIMES = ("requested_at", "escalate_at", "expires_at", "escalated_at")
+
+
+def _request(request: Any) -> dict[str, Any]:
+    """The approval request as the API shows it (its times in the API's one form)."""
+    view = request_view(request)
+    return {k: rfc3339(datetime.fromisoformat(v)) if k in _REQUEST_TIMES and v else v for k, v in view.items()}
 
 
 def workflows_of(client: DBOSClient, refund_id: str) -> list[WorkflowStatus]:
@@ -153,7 +168,6 @@ def refund_status(
     current = speaking(workflows, refund_id)
     currency = row.currency if row else None
     amount_minor = (row.proposed_amount_minor or row.requested_amount_minor) if row else None
-    pending = request_view(request) if request is not None and decision is None else None
     return {
         "refund_id": refund_id,
         "status": phase,
@@ -169,12 +183,11 @@ def refund_status(
         "claim": claim_view(row.claim_category if row else None, row.evidence if row else None).model_dump(mode="json"),
         "usage": usage_view(row, prices),
         "approval": {
-            "requested": pending,
-            "request": request_view(request) if request else None,
+            "request": _request(request) if request else None,
             "decision": decision.decision if decision else None,
             "approver": decision.approver if decision else None,
             "via": decision.via if decision else None,
-            "decided_at": decision.decided_at.isoformat() if decision else None,
+            "decided_at": rfc3339(decision.decided_at) if decision else None,
             "deadline": _timer(workflows, deadline_id(refund_id)),
             "escalation": _timer(workflows, escalation_id(refund_id)),
         }

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 
-from steps.store import normalize_url
+from steps.store import create_engine, normalize_url
+
+log = logging.getLogger(__name__)
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 
@@ -19,5 +26,35 @@ def alembic_config(url: str) -> Config:
     return config
 
 
+@contextmanager
+def _alembic_quiet() -> Iterator[None]:
+    """Alembic logs a line per revision and per plugin at INFO; keep them for DEBUG only."""
+    alembic = logging.getLogger("alembic")
+    level = alembic.level
+    if not log.isEnabledFor(logging.DEBUG):
+        alembic.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        alembic.setLevel(level)
+
+
+def current_revision(url: str) -> str | None:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    finally:
+        engine.dispose()
+
+
 def upgrade(url: str, revision: str = "head") -> None:
-    command.upgrade(alembic_config(url), revision)
+    """Migrate to ``revision`` and log one line saying where the database is."""
+    config = alembic_config(url)
+    with _alembic_quiet():
+        before = current_revision(url)
+        command.upgrade(config, revision)
+        after = current_revision(url)
+        scripts = ScriptDirectory.from_config(config)
+        applied = 0 if before == after else sum(1 for _ in scripts.iterate_revisions(after, before))
+    log.info("application database at revision %s (%d applied)", after, applied)

@@ -100,6 +100,7 @@ RUN_ELSEWHERE: dict[str, Elsewhere] = {
     "pip install -e '.[dev]'": _CI_INSTALL,
     "pytest": Elsewhere(".ci/run"),
     "apt-get install -y chromium": Elsewhere(".ci/run"),
+    "npm ci --prefix docs --no-audit --no-fund": Elsewhere(".ci/run", ("npm ci --prefix docs --no-audit --no-fund",)),
     "refund-agent serve --no-worker": Elsewhere("tests/scale_cluster.py"),
     "refund-agent clients add helpdesk --scopes refunds:create,refunds:read": Elsewhere(
         "docs/getting-started.md",
@@ -707,3 +708,20 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     home = (tmp_path / "index.html").read_text()
     assert "How a refund flows" in home and 'href="getting-started/"' in home  # README, its links made the site's
     assert (tmp_path / "benchmarks" / "results").is_dir()  # benchmarks/README.md's plots are published
+    _loads_nothing_from_outside(tmp_path)
+
+
+OUTSIDE = re.compile(r"""<(?:script|link)\b[^>]*?\b(?:src|href)=["']((?:https?:)?//[^"']+)["']""", re.IGNORECASE)
+
+
+def _loads_nothing_from_outside(site: Path) -> None:
+    """Every page's scripts and styles are the site's own (diagrams draw offline); Mermaid is bundled."""
+    pages = list(site.rglob("*.html"))
+    loaded = {f"{page.relative_to(site)}: {url}" for page in pages for url in OUTSIDE.findall(page.read_text())}
+    assert not loaded, f"pages load from outside the site: {sorted(loaded)[:5]}"
+    mermaid = site / "assets" / "javascripts" / "mermaid.min.js"
+    assert mermaid.stat().st_size > 1_000_000, "the site's Mermaid is missing (npm ci --prefix docs)"
+    architecture = (site / "architecture" / "index.html").read_text()
+    assert 'class="mermaid"' in architecture and "mermaid.min.js" in architecture
+    reference = (site / "configuration" / "index.html").read_text()
+    assert 'class="settings-reference"' in reference  # docs/stylesheets/reference.css keeps names whole there

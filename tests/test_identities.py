@@ -116,7 +116,7 @@ def test_the_requester_cannot_decide_its_own_refund_through_any_channel(env: Env
         assert _submit(svc, bot, "self-serve-0001").status_code == 202
         waiting = svc.until("self-serve-0001", "awaiting_approval", headers=svc.approver)
         assert waiting["requested_by"] == "client:dana-bot" and waiting["requester_operator"] == "dana"
-        expires = waiting["approval"]["requested"]["expires_at"]
+        expires = waiting["approval"]["request"]["expires_at"]
 
         # The API: the requesting client may decide refunds in general, but never this one.
         mine = svc.http.get("/refunds/self-serve-0001", headers=_bearer(bot)).json()
@@ -198,7 +198,7 @@ def test_nobody_can_type_a_name_to_pass_for_an_approver(env: Env, tmp_path: Path
         junior = _key("junior-desk", "approvals:decide")
         assert svc.submit("typed-name-0001", "ord_1002").status_code == 202
         waiting = svc.until("typed-name-0001", "awaiting_approval")
-        expires = waiting["approval"]["requested"]["expires_at"]
+        expires = waiting["approval"]["request"]["expires_at"]
         typed = {"decision": "approve", "amount": "4200.00", "currency": "USD", "approver": "console:sam"}
         assert svc.http.post("/refunds/typed-name-0001/approval", json=typed, headers=svc.approver).status_code == 422
         text = _slack_click(svc, _slack_token(svc, "typed-name-0001", expires), "T0001/U0666")  # not allow-listed

@@ -129,7 +129,7 @@ class Service(ThreadedServer):
             for item in waiting:
                 refund_id = item["refund_id"]
                 approver = {"Authorization": f"Bearer {APPROVER_KEY}"}
-                requested = (http.get(f"/refunds/{refund_id}").json().get("approval") or {}).get("requested")
+                requested = (http.get(f"/refunds/{refund_id}").json().get("approval") or {}).get("request")
                 if requested:
                     decision = {"decision": "reject", "amount": requested["amount"], "currency": requested["currency"]}
                     http.post(f"/refunds/{refund_id}/approval", json=decision, headers=approver)

@@ -94,7 +94,7 @@ def test_every_state_changing_route_refuses_anonymous_calls(env: Env, tmp_path: 
             assert all(400 <= s < 500 for s in statuses), (method, template, statuses)
         after = svc.status("sec-parked-0001")
         assert after["status"] == "awaiting_approval" and after["approval"]["decision"] is None
-        assert after["approval"]["requested"] == before["approval"]["requested"]
+        assert after["approval"]["request"] == before["approval"]["request"]
         assert svc.refund_rows() == rows
         assert env.sandbox.refunds() == []
 

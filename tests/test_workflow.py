@@ -315,11 +315,11 @@ def test_status_shows_one_refund_across_its_workflows(env: Env, client: DBOSClie
     waiting = refund_status(client, refund_id)
     assert waiting is not None and waiting["status"] == "awaiting_approval"
     approval = waiting["approval"]
-    assert approval["requested"]["amount"] == "4200.00" and approval["decision"] is None
+    assert approval["request"]["amount"] == "4200.00" and approval["decision"] is None
     assert approval["deadline"]["status"] == "DELAYED" and approval["deadline"]["due_at"]
     assert approval["escalation"]["status"] == "DELAYED"
     due, expires = (
-        datetime.fromisoformat(v) for v in (approval["deadline"]["due_at"], approval["requested"]["expires_at"])
+        datetime.fromisoformat(v) for v in (approval["deadline"]["due_at"], approval["request"]["expires_at"])
     )
     assert abs((due - expires).total_seconds()) < 5  # the deadline workflow is due when the request expires
     assert [w["workflow_id"] for w in waiting["workflows"]] == [
@@ -331,7 +331,7 @@ def test_status_shows_one_refund_across_its_workflows(env: Env, client: DBOSClie
     assert result(client, refund_id)["status"] == "completed"
     done = refund_status(client, refund_id)
     assert done is not None and done["status"] == "completed" and done["outcome"]["status"] == "completed"
-    assert done["approval"]["requested"] is None and done["approval"]["decision"] == "approve"
+    assert done["approval"]["request"]["amount"] == "4200.00" and done["approval"]["decision"] == "approve"
     steps = {(s["workflow"], s["name"]) for s in done["steps"]}
     assert (refund_id, "refunds.open_approval") in steps
     assert (f"{refund_id}/decision", "refunds.record_decision") in steps

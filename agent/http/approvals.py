@@ -29,6 +29,7 @@ from slack_sdk.webhook import WebhookClient
 from agent import approvals, tokens
 from agent.http.clients import principal_of, requiring
 from agent.http.problems import Problem
+from agent.http.views import DecisionView
 from agent.identity import Principal, approver_names
 from agent.services import Services, ServicesDep
 from steps import clients
@@ -94,7 +95,7 @@ def decide(
     return {**record, "first": result.first}
 
 
-@router.post("/refunds/{refund_id}/approval")
+@router.post("/refunds/{refund_id}/approval", response_model=DecisionView)
 def post_decision(refund_id: str, body: DecisionIn, svc: ServicesDep, client: Decider) -> dict[str, Any]:
     """Approve or reject as the calling client (scope ``approvals:decide``; never the refund's requester).
     Repeats get the recorded decision; a different one is 409."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import sqlite3
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -54,12 +55,39 @@ def problem(status: int, detail: str, *, headers: dict[str, str] | None = None, 
 RETRY_AFTER_SECONDS = 1
 
 
-def _validation_detail(error: RequestValidationError) -> str:
+#: What pydantic puts before a validator's own words ("Value error, amount must be ..."): not for API clients.
+_LIBRARY_PREFIX = re.compile(r"^(Value error|Assertion failed), ")
+JSON_ONLY = "this endpoint takes a JSON body: send it with Content-Type: application/json"
+
+
+def _where_in(body: bytes, position: int) -> str:
+    """``position`` (a character offset) as line and column, counted from 1."""
+    text = body.decode("utf-8", errors="replace")[:position]
+    return f"line {text.count(chr(10)) + 1}, column {position - (text.rfind(chr(10)) + 1) + 1}"
+
+
+def _validation_detail(error: RequestValidationError, body: bytes) -> str:
     parts = []
     for item in error.errors()[:5]:
+        if item.get("type") == "json_invalid":
+            loc = item.get("loc", ())
+            position = loc[-1] if loc and isinstance(loc[-1], int) else 0
+            reason = str((item.get("ctx") or {}).get("error", "not valid JSON"))
+            return f"the body is not valid JSON: {reason} at {_where_in(body, position)}"
         where = ".".join(str(p) for p in item.get("loc", ()) if p != "body")
-        parts.append(f"{where}: {item.get('msg', 'invalid')}" if where else str(item.get("msg", "invalid")))
+        message = _LIBRARY_PREFIX.sub("", str(item.get("msg", "invalid")))
+        parts.append(f"{where}: {message}" if where else message)
     return "; ".join(parts) or "invalid request"
+
+
+def _form_sent_for_json(request: Request, error: RequestValidationError) -> bool:
+    """A form (or nothing JSON) posted to an endpoint whose body is a JSON object."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    wants_object = any(
+        item.get("loc") == ("body",) and item.get("type") in ("model_attributes_type", "dict_type", "model_type")
+        for item in error.errors()
+    )
+    return kind == "application/x-www-form-urlencoded" and wants_object
 
 
 def install(app: FastAPI) -> None:
@@ -72,8 +100,10 @@ def install(app: FastAPI) -> None:
         return problem(exc.status_code, str(exc.detail))
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> Response:
-        return problem(422, _validation_detail(exc))
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        if _form_sent_for_json(request, exc):
+            return problem(415, JSON_ONLY)
+        return problem(422, _validation_detail(exc, await request.body()))
 
     def unavailable(request: Request, transient: str) -> Response:
         log.warning("database unavailable (%s) on %s %s", transient, request.method, request.url.path)

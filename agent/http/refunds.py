@@ -7,19 +7,19 @@ import json
 import re
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import sqlalchemy as sa
 from fastapi import APIRouter, Depends, Header, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from agent import policy, tokens
-from agent.claims import ClaimView
 from agent.domain import RefundRequest
 from agent.http.clients import current_client, principal_of, requiring, sees_every_refund
 from agent.http.problems import Problem
+from agent.http.views import OrderPage, RefundPage, RefundView, Status
 from agent.services import Services, ServicesDep
-from agent.status import refund_status
+from agent.status import refund_status, rfc3339
 from agent.submit import KEY_PATTERN, SubmissionError, submit_refund
 from steps.orders import list_orders
 from steps.records import ApiClient, from_minor, quantize
@@ -27,9 +27,6 @@ from steps.refunds import Requester
 from steps.store import app_db, refunds
 
 _AMOUNT = re.compile(r"^[0-9]{1,12}(\.[0-9]{1,2})?$")  # ASCII digits: \d would also match "٤٢"
-Status = Literal[
-    "received", "deciding", "awaiting_approval", "paying", "settling", "completed", "rejected", "failed", "cancelled"
-]
 
 
 # Every route here needs an API client's key (agent/http/clients.py); each route names the scopes it needs.
@@ -123,16 +120,6 @@ def create_refund(
     )
 
 
-class RefundView(BaseModel):
-    """One refund's status. Only the claim is typed here; the other fields are described in docs/api.md."""
-
-    model_config = ConfigDict(extra="allow")
-
-    refund_id: str
-    claim: ClaimView
-    """The claim's category and the evidence the agent looked up (ticket comments never: customer data)."""
-
-
 def _visible(client: ApiClient, status: dict[str, Any]) -> bool:
     return sees_every_refund(client) or status.get("requested_by") == str(principal_of(client))
 
@@ -143,7 +130,7 @@ def _with_links(svc: Services, client: ApiClient, status: dict[str, Any]) -> dic
     Nobody else sees a link: not the requester (who could otherwise approve its own refund), not a client
     that may only read."""
     approval: dict[str, Any] = status.get("approval") or {}
-    request = approval.get("requested")
+    request = approval.get("request") if approval.get("decision") is None else None
     me = str(principal_of(client))
     may_decide = client.allows("approvals:decide") and me != status.get("requested_by")
     if request and status["status"] == "awaiting_approval" and may_decide:
@@ -187,7 +174,7 @@ def _uncursor(cursor: str) -> tuple[datetime, str]:
         raise Problem(400, "cursor is not one this API returned") from error
 
 
-@router.get("/refunds", tags=["refunds"])
+@router.get("/refunds", response_model=RefundPage, tags=["refunds"])
 def list_refunds(
     svc: ServicesDep,
     client: Reader,
@@ -221,7 +208,7 @@ def list_refunds(
             "amount": str(from_minor(m, r.currency))
             if (m := r.proposed_amount_minor or r.requested_amount_minor)
             else None,
-            "created_at": r.created_at.isoformat(),
+            "created_at": rfc3339(r.created_at),
         }
         for r in page
     ]
@@ -229,7 +216,7 @@ def list_refunds(
     return {"items": items, "next_cursor": _cursor(page[-1].created_at, page[-1].refund_id) if more else None}
 
 
-@router.get("/orders", tags=["orders"])
+@router.get("/orders", response_model=OrderPage, tags=["orders"])
 def get_orders(
     svc: ServicesDep,
     client: OrderReader,

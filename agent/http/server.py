@@ -15,12 +15,13 @@ from typing import Any
 import sqlalchemy as sa
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, RedirectResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from agent import __version__, console, runtime
+from agent.http import api_docs, metrics, problems, refunds, startup, webhooks
 from agent.http import approvals as approval_routes
-from agent.http import metrics, problems, refunds, webhooks
+from agent.http.views import Readiness
 from agent.ops.processes import child_env, http_ok, spawn, stop, wait_for
 from agent.services import Services
 from agent.settings import Settings, get_settings
@@ -63,7 +64,7 @@ def _start_sandbox(settings: Settings) -> subprocess.Popen[bytes] | None:
         log=settings.refund_agent_data_dir / "payments_sandbox.log",
     )
     wait_for(lambda: http_ok(health), timeout=30, what="the payments sandbox")
-    log.info("payments sandbox started on %s (pid %d)", settings.payments_base_url, proc.pid)
+    log.debug("payments sandbox started on %s (pid %d)", settings.payments_base_url, proc.pid)
     return proc
 
 
@@ -78,7 +79,7 @@ def _start_evidence_sandbox(settings: Settings) -> subprocess.Popen[bytes] | Non
         log=settings.refund_agent_data_dir / "evidence_sandbox.log",
     )
     wait_for(lambda: http_ok(health), timeout=30, what="the evidence sandbox")
-    log.info("evidence sandbox started on %s (pid %d)", settings.evidence_base_url(None), proc.pid)
+    log.debug("evidence sandbox started on %s (pid %d)", settings.evidence_base_url(None), proc.pid)
     return proc
 
 
@@ -93,18 +94,15 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Fast
             await asyncio.to_thread(_start_evidence_sandbox, settings) if settings.uses_evidence_sandbox else None
         )
         rt = await asyncio.to_thread(runtime.start, settings, worker=worker)
+        seeded = 0
         if settings.embedded:
             with app_db().engine.connect() as conn:
                 empty = conn.execute(sa.select(sa.func.count()).select_from(orders)).scalar_one() == 0
             if empty:
-                seed(app_db().engine)
+                seeded = seed(app_db().engine)
         default_client = clients.ensure_default_client(app_db().engine, settings.api_token())
         if default_client is None:
             log.warning("the API token is not a live client's key (the client %r was revoked)", clients.DEFAULT_CLIENT)
-        elif settings.refund_agent_api_token is None:
-            log.warning(
-                "API token (client %r) generated: read it from %s", default_client.name, settings.api_token_file()
-            )
         client = runtime.client(settings)
         from agent.approval_workflows import decide_here
 
@@ -112,6 +110,15 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Fast
         prices = settings.refund_agent_model_prices
         app.state.metrics = metrics.api_registry(app_db().engine, client, runtime.QUEUES, prices)
         console.setup(app, settings)
+        app.state.startup_facts = startup.StartupFacts(
+            worker=worker,
+            model_label=rt.model_label,
+            seeded_orders=seeded,
+            token_generated=settings.refund_agent_api_token is None,
+            admin_password_file=str(settings.console_admin_password_file())
+            if app.state.console.generated_admin
+            else None,
+        )
         try:
             yield
         finally:
@@ -126,12 +133,20 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Fast
         version=__version__,
         description="A durable AI refund agent: submit refunds, follow them, approve them.",
         lifespan=lifespan,
+        docs_url=None,  # served by api_docs with local assets
+        redoc_url=None,
     )
     problems.install(app)
+    api_docs.install(app)
     app.include_router(refunds.router)
     app.include_router(approval_routes.router)
     app.include_router(webhooks.router)
     app.include_router(console.router)
+
+    @app.get("/", include_in_schema=False)
+    def root() -> RedirectResponse:
+        """People who open the service's address land on the console."""
+        return RedirectResponse("/console", status_code=303)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, bool]:
@@ -149,7 +164,7 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Fast
         body = generate_latest(request.app.state.metrics)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/readyz", tags=["health"], response_model=None)
+    @app.get("/readyz", tags=["health"], response_model=None, responses={200: {"model": Readiness}})
     def readyz(request: Request) -> dict[str, Any] | JSONResponse:
         """The databases answer and DBOS is launched."""
         checks: dict[str, bool] = {}
@@ -180,12 +195,15 @@ def serve(settings: Settings | None = None, *, worker: bool = True) -> None:
     # uvicorn re-raises the SIGTERM it handled once it has shut down, so the process would die of the
     # signal after a clean drain; a no-op handler for it to restore makes a graceful stop exit 0.
     signal.signal(signal.SIGTERM, lambda *_: None)
-    uvicorn.run(
-        create_app(settings, worker=worker),
+    if settings.refund_agent_log_format == "json":
+        startup.quiet_uvicorn()
+    app = create_app(settings, worker=worker)
+    config = uvicorn.Config(
+        app,
         host=settings.refund_agent_host,
         port=settings.refund_agent_port,
-        log_level="info",
+        log_level=None,  # the levels come from the log config: uvicorn's start-up lines give way to the ready block
         **UVICORN_PROXY_OPTIONS,
-        # JSON logs: uvicorn's loggers propagate to the root handler configured by agent.ops.logs.
-        log_config=None if settings.refund_agent_log_format == "json" else uvicorn.config.LOGGING_CONFIG,
+        log_config=startup.uvicorn_log_config(settings),
     )
+    startup.Server(config, app=app, settings=settings).run()

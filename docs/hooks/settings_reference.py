@@ -103,4 +103,6 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     if MARKER not in markdown:
         log.warning("configuration.md has lost its %s marker: the settings table is missing", MARKER)
         return markdown
-    return markdown.replace(MARKER, reference_table())
+    # In a div (md_in_html) the stylesheet can find: docs/stylesheets/reference.css keeps names whole.
+    table = f'<div class="settings-reference" markdown>\n\n{reference_table()}\n\n</div>'
+    return markdown.replace(MARKER, table)

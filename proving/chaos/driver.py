@@ -176,7 +176,7 @@ class Driver:
             for refund_id in sorted(parked):
                 response = self._call("GET", f"/refunds/{refund_id}", headers=self.approver)
                 status = response.json() if response is not None and response.status_code == 200 else {}
-                asked = (status.get("approval") or {}).get("requested")
+                asked = (status.get("approval") or {}).get("request")
                 if status.get("status") == "awaiting_approval" and asked:
                     self._answer(waiting.pop(refund_id), asked)
             if self._submitting_done.is_set() and not any(r in self.accepted for r in waiting):

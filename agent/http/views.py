@@ -1,0 +1,198 @@
+"""What the JSON endpoints answer, typed: the OpenAPI document describes every field a response carries.
+
+Timestamps are RFC 3339 in UTC with a ``Z`` (``2026-12-02T14:03:11.52Z``) everywhere, nested objects included.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from agent.claims import ClaimView
+
+
+def _utc(moment: datetime) -> datetime:
+    """A stored time without a zone is UTC (SQLite keeps none)."""
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+Timestamp = Annotated[datetime, AfterValidator(_utc)]
+Money = Annotated[str, Field(description="a decimal string in the currency's minor units", examples=["42.00"])]
+Status = Literal[
+    "received", "deciding", "awaiting_approval", "paying", "settling", "completed", "rejected", "failed", "cancelled"
+]
+
+
+class View(BaseModel):
+    # "allow": a field added to a view's source is still answered (and flagged by the schema test until declared).
+    model_config = ConfigDict(extra="allow")
+
+
+class RefundSummary(View):
+    refund_id: str
+    status: str
+    order_id: str
+    currency: str
+    amount: Money | None
+    created_at: Timestamp
+
+
+class RefundPage(View):
+    items: list[RefundSummary]
+    next_cursor: str | None = Field(description="pass back as `cursor` for the next page; null on the last")
+
+
+class OrderView(View):
+    order_id: str
+    customer_id: str
+    currency: str
+    amount_captured: Money
+    amount_refunded: Money
+    status: str
+    refundable: Money = Field(description="what policy would allow refunding now")
+
+
+class OrderPage(View):
+    items: list[OrderView]
+    next_cursor: str | None
+
+
+class ApprovalRequestView(View):
+    """What a person is (or was) asked to approve."""
+
+    refund_id: str
+    amount: Money
+    currency: str
+    reason: str
+    requested_at: Timestamp
+    escalate_at: Timestamp
+    expires_at: Timestamp
+    escalated_at: Timestamp | None
+
+
+class TimerView(View):
+    """One of the refund's timer workflows (the deadline, the reminder to escalate)."""
+
+    workflow_id: str
+    status: str = Field(description="the DBOS workflow status: DELAYED while it waits")
+    due_at: Timestamp | None
+
+
+class ApprovalView(View):
+    """A refund's approval: the request, and the decision once one is recorded."""
+
+    request: ApprovalRequestView | None = Field(description="what was asked; pending while `decision` is null")
+    decision: Literal["approve", "reject", "expired"] | None
+    approver: str | None
+    via: str | None = Field(description="console, link, api, cli, slack:<team>/<user> or deadline")
+    decided_at: Timestamp | None
+    deadline: TimerView | None
+    escalation: TimerView | None
+    token: str | None = Field(default=None, description="only for a client that may decide this refund")
+    approve_url: str | None = Field(default=None, description="only for a client that may decide this refund")
+    reject_url: str | None = Field(default=None, description="only for a client that may decide this refund")
+
+
+class Cost(View):
+    amount: Money
+    currency: str
+
+
+class UsageView(View):
+    model: str | None
+    requests: int
+    input_tokens: int | None
+    output_tokens: int | None
+    cost: Cost | None = Field(description="with a price configured for the model")
+
+
+class PaymentView(View):
+    provider_refund_id: str | None
+    idempotency_key: str | None
+    provider_status: str | None
+    failure_reason: str | None
+
+
+class Outcome(View):
+    """The result of the workflow run that ended the refund."""
+
+    refund_id: str
+    status: str
+    amount: Money | None = None
+    currency: str | None = None
+    provider_refund_id: str | None = None
+    idempotency_key: str | None = None
+    model: str | None = None
+    detail: str | None = Field(default=None, description="why it was refused or failed")
+    workflow: str | None = Field(default=None, description="the DBOS status of a run that ended without a result")
+
+
+class WorkflowView(View):
+    workflow_id: str
+    name: str | None
+    status: str
+    created_at: Timestamp | None
+    due_at: Timestamp | None
+    executor_id: str | None
+    app_version: str | None
+
+
+class StepView(View):
+    workflow: str
+    step: int
+    name: str
+    start: Timestamp | None
+    end: Timestamp | None
+    duration_ms: int | None
+    error: str | None
+
+
+class RefundView(View):
+    """One refund: phase, amounts, approval, payment, outcome and the DBOS step timeline."""
+
+    refund_id: str
+    status: Status
+    order_id: str | None
+    requested_by: str | None
+    requester_operator: str | None
+    amount: Money | None
+    currency: str | None
+    verdict: str | None
+    reason: str | None
+    customer_reply: str | None
+    model: str | None
+    claim: ClaimView
+    """The claim's category and the evidence the agent looked up (ticket comments never: customer data)."""
+    usage: UsageView | None
+    approval: ApprovalView | None
+    payment: PaymentView
+    outcome: Outcome | None
+    executor_id: str | None
+    workflows: list[WorkflowView]
+    steps: list[StepView]
+
+
+class DecisionView(View):
+    """The recorded decision (first writer wins)."""
+
+    refund_id: str
+    decision: Literal["approve", "reject", "expired"]
+    approver: str
+    amount: Money
+    currency: str
+    decided_at: Timestamp
+    note: str
+    via: str
+    first: bool = Field(description="false when this repeats a decision recorded earlier")
+
+
+class Readiness(View):
+    ok: bool
+    checks: dict[str, bool] = Field(description="app_database, system_database, dbos_launched")
+
+
+def as_view(model: type[View], data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` as the response model answers it (timestamps in UTC with ``Z``)."""
+    return model.model_validate(data).model_dump(mode="json")
