@@ -701,6 +701,9 @@ def test_hash_password_prints_a_hash() -> None:
 def test_the_site_builds_strictly(tmp_path: Path) -> None:
     """The docs' own build command, into a temporary directory; a warning fails it (``--strict``)."""
     quiet = {**clean_env(), "NO_MKDOCS_2_WARNING": "1"}  # Material's notice about MkDocs 2.0
+    if not (ROOT / "docs" / "node_modules" / "mermaid").exists():  # CI runs `npm ci --prefix docs` first
+        npm_ci = ["npm", "ci", "--prefix", str(ROOT / "docs"), "--no-audit", "--no-fund"]
+        subprocess.run(npm_ci, check=True, timeout=300)
     run([*_single("mkdocs build --strict"), "-d", str(tmp_path)], cwd=ROOT, env=quiet)
     reference = (tmp_path / "configuration" / "index.html").read_text()
     missing = [name for name in settings_names() if f"<code>{name}</code>" not in reference]
