@@ -128,6 +128,7 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Fast
         lifespan=lifespan,
     )
     problems.install(app)
+    console.install_error_pages(app)  # after the API's handlers: console paths answer errors with pages
     app.include_router(refunds.router)
     app.include_router(approval_routes.router)
     app.include_router(webhooks.router)
