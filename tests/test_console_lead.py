@@ -73,7 +73,7 @@ def listed(http: httpx.Client, **params: str) -> list[str]:
 def audit_rows(http: httpx.Client, **params: str) -> list[tuple[int, str]]:
     """(seq, event) of the audit page's rows."""
     html = http.get("/console/audit", params=params).text
-    rows = re.findall(r'<tr data-seq="(\d+)">\s*<td>\d+</td>\s*<td>[^<]*</td>\s*<td>([^<]*)</td>', html)
+    rows = re.findall(r'<tr data-seq="(\d+)">\s*<td>\d+</td>\s*<td>[^<]*</td>\s*<td[^>]*>([^<]*)</td>', html)
     return [(int(seq), event) for seq, event in rows]
 
 
