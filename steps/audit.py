@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
 from steps.records import AuditEntry
@@ -97,22 +98,78 @@ def append(
     return digest
 
 
+def _entry(row: Any) -> AuditEntry:
+    return AuditEntry(
+        seq=row.seq,
+        refund_id=row.refund_id,
+        event=row.event,
+        payload=json.loads(row.payload),
+        created_at=utc(row.created_at),
+        prev_hash=row.prev_hash,
+        hash=row.hash,
+    )
+
+
 def entries(conn: sa.Connection, refund_id: str | None = None) -> list[AuditEntry]:
     query = sa.select(audit_log).order_by(audit_log.c.seq)
     if refund_id is not None:
         query = query.where(audit_log.c.refund_id == refund_id)
-    return [
-        AuditEntry(
-            seq=row.seq,
-            refund_id=row.refund_id,
-            event=row.event,
-            payload=json.loads(row.payload),
-            created_at=utc(row.created_at),
-            prev_hash=row.prev_hash,
-            hash=row.hash,
-        )
-        for row in conn.execute(query)
-    ]
+    return [_entry(row) for row in conn.execute(query)]
+
+
+ACTOR_FIELDS = ("operator", "approver", "requested_by", "by")
+"""The payload fields that name who acted: an operator, an approver, the client that asked, an admin."""
+
+
+@dataclass(frozen=True)
+class AuditFilter:
+    refund_id: str | None = None
+    actor: str | None = None
+    """A principal (``operator:ada``) or a bare name (``ada``, matching any kind of principal of that name)."""
+    event: str | None = None
+    since: datetime | None = None
+    """Inclusive."""
+    until: datetime | None = None
+    """Exclusive."""
+
+
+def _field(conn: sa.Connection, name: str) -> sa.ColumnElement[str]:
+    """A top-level text field of the JSON payload (stored as text) in this database's SQL."""
+    if conn.dialect.name == "postgresql":
+        text: sa.ColumnElement[str] = sa.cast(audit_log.c.payload, JSONB)[name].astext
+        return text
+    extracted: sa.ColumnElement[str] = sa.func.json_extract(audit_log.c.payload, f"$.{name}", type_=sa.String)
+    return extracted
+
+
+def _like_escaped(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def search(conn: sa.Connection, flt: AuditFilter, *, offset: int = 0, limit: int = 50) -> list[AuditEntry]:
+    """Entries across refunds that match every filter given, newest first."""
+    query = sa.select(audit_log).order_by(audit_log.c.seq.desc())
+    if flt.refund_id is not None:
+        query = query.where(audit_log.c.refund_id == flt.refund_id)
+    if flt.event is not None:
+        query = query.where(audit_log.c.event == flt.event)
+    if flt.since is not None:
+        query = query.where(audit_log.c.created_at >= flt.since)
+    if flt.until is not None:
+        query = query.where(audit_log.c.created_at < flt.until)
+    if flt.actor:
+        matches: list[sa.ColumnElement[bool]] = []
+        for field in (_field(conn, name) for name in ACTOR_FIELDS):
+            matches.append(field == flt.actor)
+            if ":" not in flt.actor:  # a bare name: that name as any kind of principal
+                matches.append(field.like(f"%:{_like_escaped(flt.actor)}", escape="\\"))
+        query = query.where(sa.or_(*matches))
+    return [_entry(row) for row in conn.execute(query.offset(offset).limit(limit))]
+
+
+def event_names(conn: sa.Connection) -> list[str]:
+    """Every kind of event the log holds, for a filter's choices."""
+    return list(conn.execute(sa.select(audit_log.c.event).distinct().order_by(audit_log.c.event)).scalars())
 
 
 @dataclass(frozen=True)

@@ -238,17 +238,17 @@ def test_admin_cancels_and_resumes_a_running_refund_and_a_parked_one_is_not_canc
     refund_id = submit(client, "console-admin-01", "ord_1001", "The mouse is broken.")
     with server.signed_in("ada") as ada:
         token = csrf_of(ada, "/console")
-        assert offered(ada, waiting) == {"fork"}  # parked: nothing runs to cancel or resume
+        assert offered(ada, waiting) == set()  # parked: nothing runs to stop, resume or retry
         refused = form(ada, f"/console/refunds/{waiting}/cancel", csrf=token)
-        assert refused.status_code == 409 and "waiting for an approval" in refused.text
+        assert refused.status_code == 409 and "waiting for an approver" in refused.text
         wait_for(lambda: _row_status(refund_id) == "paying", timeout=60, what="the payment call")
         assert offered(ada, refund_id) == {"cancel"}
         not_now = ada.get(f"/console/refunds/{refund_id}/confirm", params={"action": "resume"})
         assert 'id="refused"' in not_now.text and "Yes, resume" not in not_now.text
         running = form(ada, f"/console/refunds/{refund_id}/resume", csrf=token)
-        assert running.status_code == 409 and "only a cancelled or stuck refund" in running.text
+        assert running.status_code == 409 and "only a stopped or stuck refund" in running.text
         confirm = ada.get(f"/console/refunds/{refund_id}/confirm", params={"action": "cancel"})
-        assert confirm.status_code == 200 and "Yes, cancel" in confirm.text
+        assert confirm.status_code == 200 and "Yes, stop this refund" in confirm.text
         assert form(ada, f"/console/refunds/{refund_id}/cancel", csrf=token).status_code == 303
         assert client.retrieve_workflow(refund_id).get_status().status == "CANCELLED"
         assert offered(ada, refund_id) == {"resume", "fork"}
@@ -259,14 +259,14 @@ def test_admin_cancels_and_resumes_a_running_refund_and_a_parked_one_is_not_canc
             return f'href="/console/refunds/{refund_id}"' in page.text
 
         yesterday, before = (datetime.now(UTC).date() - timedelta(days=n) for n in (1, 2))
-        assert listed(status="cancelled") and not listed(status="completed")
+        assert listed(phase="cancelled") and not listed(phase="paid")
         assert listed(order="ord_1001", since=str(yesterday)) and not listed(order="ord_1002")
         assert not listed(until=str(before))
         env.sandbox.set_faults(latency_ms=0)
         assert form(ada, f"/console/refunds/{refund_id}/resume", csrf=token).status_code == 303
         assert wait_for_outcome(client, refund_id)["status"] == "completed"
         assert offered(ada, refund_id) == set()  # paid: a fork would only replay the payment
-        assert "was paid (provider refund" in ada.get(f"/console/refunds/{refund_id}").text
+        assert "this refund is already paid (provider refund" in ada.get(f"/console/refunds/{refund_id}").text
     assert len(env.sandbox.refunds("ch_ord_1001")) == 1
     assert status.parked(client, waiting) is not None  # the parked refund was left as it was
     with app_db().engine.connect() as conn:
@@ -321,10 +321,10 @@ def test_a_fork_from_the_payment_step_reuses_the_key_and_pays_once(
         assert client.retrieve_workflow(fork_id).get_status().status == "SUCCESS"
         assert outcome["status"] == "completed" and outcome["idempotency_key"] == f"refund:{refund_id}:ord_1002"
         detail = ada.get(f"/console/refunds/{refund_id}")
-        assert fork_id in detail.text and "chain intact" in detail.text
-        assert '<span class="pill completed" id="status">completed</span>' in detail.text  # the fork's outcome
+        assert fork_id in detail.text and "chain verified" in detail.text
+        assert '<span class="pill paid" id="status">Paid</span>' in detail.text  # the fork's outcome
         again = form(ada, f"/console/refunds/{refund_id}/fork", step=prepare_step, csrf=token)
-        assert again.status_code == 409 and "was paid" in again.text
+        assert again.status_code == 409 and "already paid" in again.text
     refunds = env.sandbox.refunds("ch_ord_1002")
     assert len(refunds) == 1 and refunds[0]["id"] == outcome["provider_refund_id"]
     with app_db().engine.connect() as conn:

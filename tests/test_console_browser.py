@@ -89,7 +89,7 @@ def test_operator_signs_in_approves_a_pending_refund_and_watches_it_complete(
     card.get_by_role("button", name="Approve").click()
     expect(page).to_have_url(f"{server.base_url}/console/refunds/{refund_id}?done=approve")
     expect(page.locator("#notice")).to_contain_text("Approved")
-    expect(page.locator("#status")).to_have_text("completed", timeout=60_000)  # the page refreshes until done
+    expect(page.locator("#status")).to_have_text("Paid", timeout=60_000)  # the page refreshes until done
     expect(page.locator("#decision")).to_contain_text("approve by operator:ada via console")
     expect(page.locator("#requested-by")).to_contain_text("client:helpdesk")
     expect(page.locator("#idempotency-key")).to_have_text(f"refund:{refund_id}:ord_1002")
@@ -103,14 +103,14 @@ def test_operator_signs_in_approves_a_pending_refund_and_watches_it_complete(
     expect(timeline).to_contain_text("payments.issue_refund")
     assert deciding.locator(".bar").count() + timeline.locator(".bar").count() >= 8
     expect(page.locator(f'section.execution[data-workflow="{refund_id}/deadline"]')).to_contain_text("Waiting: due")
-    expect(page.locator("#chain")).to_contain_text("chain intact")
+    expect(page.locator("#chain")).to_contain_text("chain verified")
     expect(page.locator("#audit")).to_contain_text("approval_decided")
     expect(page.locator("#admin-actions a")).to_have_count(0)  # paid: no action its state would refuse
     expect(page.locator("dd.money")).to_have_text("4,200.00 USD")  # money one way: as on the list of pending
     details = page.locator("#audit").inner_text()
     assert "requested: -" in details and "usage: " in details and "model: offline model; output_tokens: " in details
     assert not any(python in details for python in ("None", "True", "False", "['", "{'"))  # no Python reprs
-    expect(page.locator("#not-offered")).to_contain_text("was paid (provider refund")
+    expect(page.locator("#not-offered")).to_contain_text("this refund is already paid (provider refund")
     page.screenshot(path=ARTIFACTS / f"refund-{env.backend}.png", full_page=True)
     box = timeline.bounding_box()
     assert box is not None  # the README's picture: the refund at a glance, down to its step timeline
@@ -120,7 +120,7 @@ def test_operator_signs_in_approves_a_pending_refund_and_watches_it_complete(
         clip={"x": 0, "y": 0, "width": 1280, "height": box["y"] + box["height"] + 12},
     )
 
-    page.goto(f"{server.base_url}/console?status=completed")
+    page.goto(f"{server.base_url}/console?phase=paid")
     expect(page.locator("#refunds")).to_contain_text(refund_id)
     expect(page.locator("#pending-heading")).to_have_text("Waiting for approval (0)")
     context.close()
@@ -129,9 +129,9 @@ def test_operator_signs_in_approves_a_pending_refund_and_watches_it_complete(
     small = phone.new_page()
     sign_in(small, server, "bob")
     small.goto(f"{server.base_url}/console/refunds/{refund_id}")
-    expect(small.locator("#status")).to_have_text("completed")
+    expect(small.locator("#status")).to_have_text("Paid")
     assert small.evaluate("document.documentElement.scrollWidth") <= 390  # nothing runs off a phone screen
-    expect(small.get_by_text("Fork from a step")).to_have_count(0)  # approvers see no admin actions
+    expect(small.get_by_text("Retry the payment")).to_have_count(0)  # approvers see no admin actions
     small.screenshot(path=ARTIFACTS / f"phone-{env.backend}.png", full_page=True)
     phone.close()
     with app_db().engine.connect() as conn:

@@ -156,6 +156,7 @@ NOT_RUNNABLE_HERE: dict[str, str] = {
     "pip install -e '.[dev,mutation]'": _BY_HAND,
     "bash tests/mutation/run.sh": _BY_HAND,
     "bash tests/mutation/run.sh tokens": _BY_HAND,
+    "python -m tests.screenshots": "renews the pictures in docs/console/ (it writes into the repository): run by hand",
 }
 
 SHELL_BLOCKS = {"bash", "sh", "shell"}

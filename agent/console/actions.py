@@ -9,12 +9,13 @@ from typing import Any, Literal
 import sqlalchemy as sa
 from dbos import DBOSClient
 
-from agent.approvals import APPROVAL_QUEUE, pending_request
+from agent.approvals import APPROVAL_QUEUE
+from agent.console.phases import phase_of
 from agent.legacy import LEGACY_REFUND_WORKFLOW
 from agent.status import speaking, workflows_of
 from agent.workflow import REFUND_QUEUE, REFUND_WORKFLOW
 from steps import audit
-from steps.store import app_db, refunds
+from steps.store import app_db, approval_decisions, refunds
 
 Action = Literal["cancel", "resume", "fork"]
 FINISHED = ("SUCCESS", "ERROR")
@@ -67,29 +68,67 @@ def refusal(client: DBOSClient, refund_id: str, action: Action) -> str | None:
     return _refusal(wf, refund_id, action)
 
 
+def _standing(refund_id: str) -> tuple[str, str | None]:
+    """The refund's phase (``agent.console.phases``) and its provider refund, if it was paid."""
+    with app_db().engine.connect() as conn:
+        row = conn.execute(
+            sa.select(refunds.c.status, refunds.c.provider_refund_id, approval_decisions.c.decision)
+            .outerjoin(approval_decisions, approval_decisions.c.refund_id == refunds.c.refund_id)
+            .where(refunds.c.refund_id == refund_id)
+        ).first()
+    if row is None:
+        return "deciding", None
+    return phase_of(row.status, row.decision).key, row.provider_refund_id
+
+
+# Why an action does not apply, in the words a support lead uses, by the refund's phase.
+ENDED = {
+    "paid": "this refund is already paid",
+    "refused": "this refund was refused, so there is nothing to pay",
+    "expired": "this refund expired unanswered, so there is nothing to pay",
+}
+PAYMENT_PHASES = ("paying", "settling")
+
+
 def _refusal(wf: Any, refund_id: str, action: Action) -> str | None:
+    phase, paid = _standing(refund_id)
+    running = wf.status in ("ENQUEUED", "PENDING", "DELAYED")
     if action == "cancel":
-        if wf.status == "SUCCESS" and pending_request(refund_id) is not None:
+        if phase == "parked":
             return (
-                f"refund {refund_id} is waiting for an approval and nothing of it runs until a decision or its "
+                "this refund is waiting for an approver, and nothing of it runs until a decision or its "
                 "deadline: reject it to end it"
             )
-        if wf.status in (*FINISHED, "CANCELLED"):
-            return f"refund {refund_id} is {wf.status.lower()}; only a running refund can be cancelled"
+        if phase in ENDED and not running:
+            return ENDED[phase]
+        if wf.status == "CANCELLED" or phase == "cancelled":
+            return "this refund is already stopped"
+        if wf.status in FINISHED:
+            return "this refund has ended"
         return None
     if action == "resume":
+        if wf.status in RESUMABLE:
+            return None
+        if phase in ENDED:
+            return ENDED[phase]
+        if phase == "parked":
+            return "this refund is waiting for an approver; resuming applies to a stopped or stuck refund"
         if wf.status in FINISHED:
-            return f"refund {refund_id} has finished; fork it from a step to run part of it again"
-        if wf.status not in RESUMABLE:  # resuming a running workflow would start a second execution of it
-            return f"refund {refund_id} is {wf.status.lower()}; only a cancelled or stuck refund is resumed"
+            return "this refund has ended"
+        # resuming a running workflow would start a second execution of it
+        return "this refund is running; only a stopped or stuck refund is resumed"
+    if phase == "paid":
+        return f"this refund is already paid (provider refund {paid}); a retry would only replay that payment"
+    if running:
+        return "this refund is still running; stop it before retrying its payment"
+    if phase in ENDED:
+        return ENDED[phase]
+    if phase == "parked":
+        return "this refund is waiting for an approver; there is no payment to retry"
+    stopped_while_paying = phase == "cancelled" and _status_before_cancel(refund_id) in PAYMENT_PHASES
+    if phase == "failed" or stopped_while_paying or wf.status in ("ERROR", "MAX_RECOVERY_ATTEMPTS_EXCEEDED"):
         return None
-    if wf.status in ("ENQUEUED", "PENDING", "DELAYED"):
-        return f"refund {refund_id} is still running; cancel it before forking it"
-    with app_db().engine.connect() as conn:
-        paid = conn.execute(sa.select(refunds.c.provider_refund_id).where(refunds.c.refund_id == refund_id)).scalar()
-    if paid:
-        return f"refund {refund_id} was paid (provider refund {paid}); a fork would only replay that payment"
-    return None
+    return "there is no failed or interrupted payment to retry"
 
 
 def cancel(client: DBOSClient, refund_id: str, *, operator: str, address: str) -> None:

@@ -5,32 +5,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from dbos import DBOSClient, WorkflowStatus
 
+from agent.console.phases import PHASES, phase_of, where_phase
 from agent.status import refund_status, speaking, step_timeline, workflows_of
 from steps import audit
 from steps.payments import idempotency_key
-from steps.records import format_money, from_minor
+from steps.records import AuditEntry, format_money, from_minor
 from steps.store import app_db, approval_decisions, approval_requests, customers, orders, refunds, utc
 
 if TYPE_CHECKING:
     from agent.settings import ModelPrice
 
 PAGE_SIZE = 20
-STATUSES = (
-    "received",
-    "deciding",
-    "awaiting_approval",
-    "paying",
-    "settling",
-    "completed",
-    "rejected",
-    "failed",
-    "cancelled",
-)
 ACTIVE = ("ENQUEUED", "PENDING")  # running or about to; a DELAYED timer is waiting, not running
 _WITH_CUSTOMER = refunds.outerjoin(orders, orders.c.order_id == refunds.c.order_id).outerjoin(
     customers, customers.c.customer_id == orders.c.customer_id
@@ -113,7 +104,7 @@ def pending_approvals(client: DBOSClient, now: datetime) -> list[dict[str, Any]]
 
 @dataclass(frozen=True)
 class RefundFilter:
-    status: str | None = None
+    phase: str | None = None
     order: str | None = None
     since: date | None = None
     until: date | None = None
@@ -122,9 +113,11 @@ class RefundFilter:
 
 def list_refunds(flt: RefundFilter) -> tuple[list[dict[str, Any]], bool]:
     """One page of refunds, newest first, and whether another page follows."""
-    query = sa.select(refunds, customers.c.name.label("customer")).select_from(_WITH_CUSTOMER)
-    if flt.status:
-        query = query.where(refunds.c.status == flt.status)
+    query = sa.select(refunds, customers.c.name.label("customer"), approval_decisions.c.decision).select_from(
+        _WITH_CUSTOMER.outerjoin(approval_decisions, approval_decisions.c.refund_id == refunds.c.refund_id)
+    )
+    if flt.phase in PHASES:
+        query = query.where(where_phase(flt.phase, refunds.c.status, approval_decisions.c.decision))
     if flt.order:
         query = query.where(refunds.c.order_id == flt.order)
     if flt.since:
@@ -142,7 +135,7 @@ def list_refunds(flt: RefundFilter) -> tuple[list[dict[str, Any]], bool]:
         items.append(
             {
                 "refund_id": row.refund_id,
-                "status": row.status,
+                "phase": phase_of(row.status, row.decision),
                 "order_id": row.order_id,
                 "customer": row.customer or "?",
                 "money": format_money(from_minor(minor, row.currency), row.currency) if minor else "-",
@@ -150,6 +143,22 @@ def list_refunds(flt: RefundFilter) -> tuple[list[dict[str, Any]], bool]:
             }
         )
     return items, len(rows) > PAGE_SIZE
+
+
+def day_and_time(at: datetime) -> str:
+    """A moment as a support lead reads it: 3 Dec 2026 14:05 UTC."""
+    at = at.astimezone(UTC)
+    return f"{at.day} {at:%b %Y %H:%M} UTC"
+
+
+def paid_line(entries: list[AuditEntry]) -> str | None:
+    """What was paid, when, and under which provider refund, from the refund's last ``refund_paid`` entry."""
+    paid = next((e for e in reversed(entries) if e.event == "refund_paid"), None)
+    if paid is None:
+        return None
+    money = format_money(Decimal(str(paid.payload["amount"])), str(paid.payload["currency"]))
+    provider_refund = paid.payload["provider_refund_id"]
+    return f"Paid {money} on {day_and_time(paid.created_at)} — provider refund {provider_refund}"
 
 
 def _execution(client: DBOSClient, wf: WorkflowStatus) -> dict[str, Any]:
@@ -203,8 +212,12 @@ def refund_detail(
     target = speaking(runs, refund_id)
     verdict = next((e.payload for e in reversed(entries) if e.event == "policy_verdict"), None)
     order_id = status["order_id"]
+    decision = status["approval"]["decision"] if status["approval"] else None
+    phase = phase_of(row.status if row else None, decision)
     return {
         **status,
+        "phase": phase,
+        "paid": paid_line(entries) if phase.key == "paid" else None,
         "row_status": row.status if row else None,
         "customer": row.customer if row else None,
         "created_at": utc(row.created_at).strftime("%Y-%m-%d %H:%M:%S") if row else None,

@@ -18,6 +18,7 @@ from markupsafe import Markup, escape
 
 from agent.console import addresses, auth, sessions
 from agent.console.oidc import OidcConfig, Provider
+from agent.console.phases import ACTION_LABELS
 from agent.settings import Settings
 from steps.records import UnsupportedCurrencyError, format_money
 
@@ -73,6 +74,7 @@ templates.filters["when"] = _when
 templates.filters["reveal"] = _reveal
 templates.filters["money"] = _money
 templates.filters["detail"] = _detail
+templates.globals["action_labels"] = ACTION_LABELS
 HEADERS = {
     # No script runs on these pages at all; styles are inline.
     "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
@@ -153,7 +155,7 @@ def client_address(request: Request, state: ConsoleState) -> str:
     return addresses.client_address(peer, request.headers.getlist("x-forwarded-for"), state.trusted_proxies)
 
 
-def _session(request: Request, state: StateDep) -> auth.Session | None:
+def session_of(request: Request, state: StateDep) -> auth.Session | None:
     """The signed-in session (checked against its row and the operators configured now), else the sign-in
     form's session, else None."""
     session_id = request.cookies.get(auth.SESSION_COOKIE)
@@ -166,7 +168,7 @@ def _session(request: Request, state: StateDep) -> auth.Session | None:
     return auth.decode_form_session(request.cookies.get(auth.FORM_COOKIE), state.secret)
 
 
-SessionDep = Annotated[auth.Session | None, Depends(_session)]
+SessionDep = Annotated[auth.Session | None, Depends(session_of)]
 
 
 def _secure(state: ConsoleState, request: Request) -> bool:

@@ -14,6 +14,7 @@ from fastapi.responses import RedirectResponse, Response
 from agent import approvals
 from agent.console import actions, data, pages
 from agent.console.pages import SessionDep, StateDep
+from agent.console.phases import PHASES
 from agent.identity import Principal
 from agent.services import Services, ServicesDep
 
@@ -23,9 +24,9 @@ ADMIN_ACTIONS: tuple[actions.Action, ...] = ("cancel", "resume", "fork")
 DONE = {
     "approve": "Approved. The refund continues to payment.",
     "reject": "Rejected. The customer will be told.",
-    "cancel": "Cancelled. The workflow stops where it is until someone resumes it.",
-    "resume": "Resumed from its last checkpoint.",
-    "fork": "Forked: a new run of this refund was queued.",
+    "cancel": "Stopped. Nothing more happens to this refund until someone resumes it.",
+    "resume": "Resumed where it stopped.",
+    "fork": "Retrying the payment: a new run of this refund was queued with the same payment key.",
 }
 
 
@@ -42,7 +43,7 @@ def home(
     state: StateDep,
     session: SessionDep,
     svc: ServicesDep,
-    status: str | None = None,
+    phase: str | None = None,
     order: Annotated[str | None, Query(max_length=64)] = None,
     since: str | None = None,
     until: str | None = None,
@@ -51,14 +52,14 @@ def home(
     if session is None or session.operator is None:
         return pages.to_login(request, state)
     flt = data.RefundFilter(
-        status=status if status in data.STATUSES else None,
+        phase=phase if phase in PHASES else None,
         order=(order or "").strip() or None,
         since=_day(since),
         until=_day(until),
         page=page,
     )
     items, more = data.list_refunds(flt)
-    query = {k: v for k, v in {"status": flt.status, "order": flt.order, "since": since, "until": until}.items() if v}
+    query = {k: v for k, v in {"phase": flt.phase, "order": flt.order, "since": since, "until": until}.items() if v}
     return pages.render(
         request,
         state,
@@ -69,7 +70,7 @@ def home(
         more=more,
         flt=flt,
         query=query,
-        statuses=data.STATUSES,
+        phases=PHASES.values(),
     )
 
 

@@ -137,6 +137,7 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Fast
         redoc_url=None,
     )
     problems.install(app)
+    console.install_error_pages(app)  # after the API's handlers: console paths answer errors with pages
     api_docs.install(app)
     app.include_router(refunds.router)
     app.include_router(approval_routes.router)
