@@ -123,6 +123,13 @@ def create_refund(
     )
 
 
+class SentMessage(BaseModel):
+    text: str
+    """The message, as sent."""
+    sent_at: datetime
+    """When it was written to the outbox, with the refund's outcome."""
+
+
 class RefundView(BaseModel):
     """One refund's status. Only the claim is typed here; the other fields are described in docs/api.md."""
 
@@ -131,6 +138,9 @@ class RefundView(BaseModel):
     refund_id: str
     claim: ClaimView
     """The claim's category and the evidence the agent looked up (ticket comments never: customer data)."""
+    customer_message: SentMessage | None = None
+    """What the customer was sent, composed from the outcome; null until the refund ends (nothing is sent while
+    it waits). ``customer_reply`` is the model's draft, sent only when it fits a refund paid at once."""
 
 
 def _visible(client: ApiClient, status: dict[str, Any]) -> bool:
