@@ -40,9 +40,7 @@ def told(client: DBOSClient, refund_id: str) -> str:
     return sent
 
 
-def test_a_refund_above_the_cap_tells_the_customer_why_not_that_it_is_reviewed(
-    env: Env, client: DBOSClient
-) -> None:
+def test_a_refund_above_the_cap_tells_the_customer_why_not_that_it_is_reviewed(env: Env, client: DBOSClient) -> None:
     refund_id = submit(client, "told-cap-000001", "ord_1007", "Refund the bike please.")
     sent = told(client, refund_id)
     assert result(client, refund_id)["status"] == "rejected"
