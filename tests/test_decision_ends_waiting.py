@@ -54,12 +54,16 @@ def test_a_decision_ends_the_deadline_and_the_reminder(env: Env, decision: str) 
 
 
 def test_an_expiry_ends_the_reminder_still_waiting(env: Env) -> None:
-    # The reminder would come due after the deadline: start_timers sets none then. Here it is due just before,
-    # with a queue that may not have run it yet; either way nothing of the refund waits after the expiry.
-    with running(env, approval_escalate_after_seconds=1.4, approval_timeout_seconds=1.5) as client:
+    with running(env, approval_escalate_after_seconds=3.9, approval_timeout_seconds=4.0) as client:
         refund_id = submit(client, "ends-expired-0001", "ord_1009")
+        parked(client, refund_id)
+        # The reminder is due after the deadline (as when a deadline is moved earlier by hand): it still waits
+        # when the refund expires, and the expiry ends it.
+        client.set_workflow_delay(f"{refund_id}/escalate", delay_seconds=2 * HOUR)
         assert result(client, refund_id)["status"] == "rejected"
         nothing_waits(client, refund_id)
+        [reminder] = client.list_workflows(workflow_ids=[f"{refund_id}/escalate"], load_input=False)
+        assert (reminder.status, reminder.output) == ("SUCCESS", False)  # it ran, found the expiry, sent nothing
 
 
 @pytest.fixture

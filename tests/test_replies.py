@@ -77,6 +77,8 @@ DRAFTS = [
     ("We have approved a refund of 50.00 USD.", "42.00", False),  # another amount than the one paid
     ("We have received your request for 42.00 USD.", "42.00", False),  # says nothing of the money being sent
     ("Your refund of 42.00 USD is pending approval.", "42.00", False),
+    ("Your refund of 42.00 USD has been sent for approval by our team.", "42.00", False),  # says sent, means asked
+    ("We have approved a refund of 42.00 USD; a colleague will review it first.", "42.00", False),
     ("Refund sent.", "42.00", False),  # no amount
     ("", "42.00", False),
 ]
