@@ -14,7 +14,7 @@ from typing import Any
 
 from dbos import DBOS, EnqueueOptions, SetWorkflowID
 
-from agent import tokens
+from agent import replies, tokens
 from agent.approvals import (
     APPROVAL_QUEUE,
     APPROVAL_TOPIC,
@@ -31,12 +31,16 @@ from agent.approvals import (
     settle_id,
 )
 from agent.context import current
-from agent.domain import ApprovalRecord, declined_reply
+from agent.domain import ApprovalRecord
 from steps.faults import crash_point
 from steps.records import ApprovalRequest
 from steps.refunds import escalate_approval_step, expire_approval_step, record_decision_step
 
 EXPIRED_DETAIL = "approval expired: no decision before the deadline"
+#: Durable step name. Each workflow that decides a refund runs it as its last step, so workflows a release
+#: without it recorded replay unchanged and run it at their end.
+FINISH_TIMERS_STEP = "timers.finish"
+APPROVAL_TIMERS = [DEADLINE_WORKFLOW, ESCALATION_WORKFLOW]
 #: DBOS dequeues a queue by priority, then age. Decisions and continuations are enqueued without one
 #: (DBOS stores 0, the first), timers with this: a decision never waits behind deadlines falling due,
 #: though every deadline was enqueued (when its refund parked) before any decision on it.
@@ -75,6 +79,23 @@ async def start_timers(request: ApprovalRequest, config: ApprovalSettings) -> No
         )
 
 
+@DBOS.step(name=FINISH_TIMERS_STEP)
+def finish_timers_step(refund_id: str, names: list[str]) -> list[str]:
+    """The refund is decided: its timers named ``names`` that still wait (DELAYED) become due now, so each runs,
+    finds the decision and ends, instead of waiting for a moment that no longer matters. Returns their ids.
+
+    Idempotent (a timer already due, running or ended is left as it is), so a retry or a replay is harmless; the
+    ids are checked here, not only by the listing's prefix match, which ``_`` in another refund's id could widen."""
+    prefix = f"{refund_id}/"
+    waiting = DBOS.list_workflows(
+        workflow_id_prefix=prefix, status="DELAYED", name=names, load_input=False, load_output=False
+    )
+    due = [wf.workflow_id for wf in waiting if wf.workflow_id.startswith(prefix)]
+    for workflow_id in due:
+        DBOS.set_workflow_delay(workflow_id, delay_seconds=0)
+    return due
+
+
 def hand_over(standing: ApprovalRecord) -> None:
     """Start the refund's continuation and send it the decision that stands (both deduplicated by id/key)."""
     refund_id = standing.refund_id
@@ -93,6 +114,7 @@ def approval_decision_workflow(refund_id: str, decision: dict[str, Any]) -> dict
     crash_point("after_decision_recorded")
     if standing.decision != "expired":  # an expiry that won the race has finished the refund already
         hand_over(standing)
+    finish_timers_step(refund_id, APPROVAL_TIMERS)  # decided: the deadline and the reminder end now
     return standing.model_dump(mode="json")
 
 
@@ -101,9 +123,10 @@ def approval_deadline_workflow(refund_id: str, amount: str, currency: str) -> di
     """Due at the approval's expiry: with no decision, the refund ends rejected; a decision that won stands."""
     value = Decimal(amount)
     standing = expire_approval_step(
-        refund_id, amount=value, currency=currency, detail=EXPIRED_DETAIL, reply=declined_reply(value, currency)
+        refund_id, amount=value, currency=currency, detail=EXPIRED_DETAIL, reply=replies.expired(value, currency)
     )
     if standing.decision == "expired":
+        finish_timers_step(refund_id, [ESCALATION_WORKFLOW])  # a reminder still waiting ends with the refund
         return {"refund_id": refund_id, "status": "rejected", "detail": EXPIRED_DETAIL}
     hand_over(standing)  # already done by the decision workflow; repeated harmlessly as a safety net
     return None

@@ -1,4 +1,5 @@
-"""Pure decision types: what a request, a proposal, a verdict and a phase are."""
+"""Pure decision types: what a request, a proposal, a verdict and a phase are (what the customer is told:
+agent/replies.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from steps.records import (
     SUPPORTED_CURRENCIES,
     ApprovalRecord,
     exponent,
-    format_money,
     minor_unit_problem,
     supported,
 )
@@ -27,8 +27,6 @@ __all__ = [
     "RefundRequest",
     "Verdict",
     "VerdictKind",
-    "declined_reply",
-    "paid_reply",
     "refund_id_of",
 ]
 
@@ -190,17 +188,3 @@ class Verdict(BaseModel):
 def refund_id_of(workflow_id: str) -> str:
     """The refund a workflow belongs to: its own id, or the part before '/' (``{refund_id}/settle``, ...)."""
     return workflow_id.split("/", 1)[0]
-
-
-def paid_reply(amount: Decimal, currency: str) -> str:
-    return (
-        f"Your refund of {format_money(amount, currency)} has been approved and sent. It will reach your "
-        "original payment method within 5-10 business days."
-    )
-
-
-def declined_reply(amount: Decimal, currency: str) -> str:
-    return (
-        f"We are sorry: after review we cannot refund {format_money(amount, currency)} on this order. "
-        "Reply to this message if you would like us to take another look."
-    )

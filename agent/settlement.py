@@ -20,10 +20,11 @@ from typing import Any
 
 from dbos import DBOS, EnqueueOptions
 
-from agent.approval_workflows import enqueue_timer
+from agent import replies
+from agent.approval_workflows import enqueue_timer, finish_timers_step
 from agent.approvals import APPROVAL_QUEUE
 from agent.context import current
-from agent.domain import Phase, paid_reply
+from agent.domain import Phase
 from agent.ops.offloop import call
 from steps.faults import crash_point
 from steps.notify import CustomerMessage, slack_enabled, slack_operators_step
@@ -100,7 +101,8 @@ async def settle(
     None from the paying workflow, for the payment its own step made."""
     refund_id = settling.refund_id
     succeeded = payment.status == "succeeded"
-    notify = CustomerMessage(settling.customer_id, paid_reply(payment.amount, payment.currency)) if succeeded else None
+    paid = replies.paid(payment.amount, payment.currency)
+    notify = CustomerMessage(settling.customer_id, paid) if succeeded else None
     alert = None
     if not succeeded:
         reason = f" ({payment.failure_reason})" if payment.failure_reason else ""
@@ -116,6 +118,8 @@ async def settle(
         log.error("refund %s: provider refund %s %s", refund_id, payment.provider_refund_id, payment.status)
         if alert is not None and slack_enabled():
             await call(slack_operators_step, refund_id, text=alert)
+    if event is not None and event.source == "webhook":  # the re-read still waiting ends now (the last step)
+        await call(finish_timers_step, refund_id, [PAYMENT_CHECK_WORKFLOW])
     status = Phase.COMPLETED if succeeded else Phase.FAILED
     return {
         "refund_id": refund_id,

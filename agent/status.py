@@ -19,6 +19,7 @@ from dbos import DBOSClient, WorkflowStatus
 from agent.approvals import deadline_id, escalation_id, family, request_view, settle_id
 from agent.claims import claim_view
 from agent.settlement import settlement_prefix
+from steps.notify import customer_message
 from steps.records import from_minor
 from steps.refunds import approval_request, recorded_decision
 from steps.store import app_db, refunds
@@ -160,6 +161,7 @@ def refund_status(
         row = conn.execute(sa.select(refunds).where(refunds.c.refund_id == refund_id)).first()
         decision = recorded_decision(conn, refund_id)
         request = approval_request(conn, refund_id)
+        message = customer_message(conn, refund_id)
     workflows = workflows_of(client, refund_id)
     if row is None and not workflows:
         return None
@@ -178,7 +180,8 @@ def refund_status(
         "currency": currency,
         "verdict": row.verdict if row else None,
         "reason": row.reason if row else None,
-        "customer_reply": row.customer_reply if row else None,
+        "customer_reply": row.customer_reply if row else None,  # the model's draft; what was sent: customer_message
+        "customer_message": message and {**message, "sent_at": rfc3339(datetime.fromisoformat(message["sent_at"]))},
         "model": row.model if row else None,
         "claim": claim_view(row.claim_category if row else None, row.evidence if row else None).model_dump(mode="json"),
         "usage": usage_view(row, prices),

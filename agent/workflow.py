@@ -15,12 +15,12 @@ from typing import Any
 from dbos import DBOS
 from pydantic_ai.usage import RunUsage
 
-from agent import approvals, policy
+from agent import approvals, policy, replies
 from agent.approval_workflows import start_timers
 from agent.brain import AgentDeps, prompt_for
 from agent.claims import evidence_lines
 from agent.context import Runtime, current
-from agent.domain import ApprovalRecord, Phase, RefundProposal, RefundRequest, Verdict, declined_reply, paid_reply
+from agent.domain import ApprovalRecord, Phase, RefundProposal, RefundRequest, Verdict
 from agent.ops.offloop import call
 from agent.settlement import park_payment, settle
 from steps.evidence import Evidence
@@ -127,12 +127,14 @@ async def act_on(
             amount=verdict.amount,
             currency=verdict.currency,
         )
-        return await pay(rt, refund_id, verdict.amount, verdict.currency, plan, reply=proposal.customer_reply)
+        return await pay(rt, refund_id, verdict.amount, verdict.currency, plan, draft=proposal.customer_reply)
+    # A refusal tells the customer why in plain words (or, where the evidence decided, policy's note): the model's
+    # draft was written before policy judged it and may promise a review that never comes.
+    reply = verdict.customer_note or replies.refused(verdict.amount, verdict.currency, verdict.reasons)
     if verdict.kind == "refuse" and legacy:  # as recorded before record_refusal: two steps
         await call(record_verdict_step, refund_id, **record)
-        return await finish(refund_id, Phase.REJECTED, verdict.summary, reply=proposal.customer_reply)
+        return await finish(refund_id, Phase.REJECTED, verdict.summary, reply=reply)
     if verdict.kind == "refuse":  # the verdict, the outcome and the customer's message commit together
-        reply = verdict.customer_note or proposal.customer_reply
         await call(record_refusal_step, refund_id, **record, detail=verdict.summary, reply=reply)
         return {"refund_id": refund_id, "status": Phase.REJECTED.value, "detail": verdict.summary}
     return await park(rt, refund_id, verdict, proposal, record)
@@ -149,19 +151,19 @@ def evidence_decided(proposal: RefundProposal, verdict: Verdict) -> RefundPropos
     said = "; ".join(verdict.reasons)
     update: dict[str, Any] = {"reason": f"{said}. The agent's reason: {proposal.reason}"[:1000]}
     if verdict.kind == "auto_approve" and verdict.amount != proposal.amount:
-        update["customer_reply"] = paid_reply(verdict.amount, verdict.currency)
+        update["customer_reply"] = replies.paid(verdict.amount, verdict.currency)
     return proposal.model_copy(update=update)
 
 
 def over_the_request(proposal: RefundProposal, verdict: Verdict) -> RefundProposal:
     """What approvers and the customer read of a proposal above the requested amount: policy's reasons first (the
-    approval is for the requested amount), the agent's account after them, marked as such; the customer's reply,
-    sent only if it is refused, is ours."""
+    approval is for the requested amount), the agent's account after them, marked as such; the draft kept for the
+    customer is ours."""
     said = "; ".join(verdict.reasons)
     return proposal.model_copy(
         update={
             "reason": f"{said}. The agent's reason, unchecked: {proposal.reason}",
-            "customer_reply": declined_reply(verdict.amount, verdict.currency),
+            "customer_reply": replies.refused(verdict.amount, verdict.currency, verdict.reasons),
         }
     )
 
@@ -218,27 +220,27 @@ async def settle_refund_workflow(refund_id: str) -> dict[str, Any]:
     amount, currency = decision.amount, decision.currency
     if decision.decision != "approve":
         detail = f"approval {decision.decision} by {decision.approver}"
-        return await finish(refund_id, Phase.REJECTED, detail, reply=declined_reply(amount, currency))
+        return await finish(refund_id, Phase.REJECTED, detail, reply=replies.rejected_by_person(amount, currency))
     plan = await call(prepare_approved_payment_step, refund_id, amount=amount, currency=currency)
-    return await pay(rt, refund_id, amount, currency, plan, reply=paid_reply(amount, currency))
+    return await pay(rt, refund_id, amount, currency, plan, draft=None)
 
 
 async def pay(
-    rt: Runtime, refund_id: str, amount: Decimal, currency: str, plan: PaymentPlan, *, reply: str
+    rt: Runtime, refund_id: str, amount: Decimal, currency: str, plan: PaymentPlan, *, draft: str | None
 ) -> dict[str, Any]:
     """Re-check against the order as reserved and the amount the customer asked for, pay with the request's key,
-    book it and queue ``reply``."""
+    book it and tell the customer what was paid (the model's ``draft`` only where it fits, agent/replies.py)."""
     if plan.snapshot is None:
         phase = Phase.REJECTED if plan.refusal else Phase.FAILED
         detail = plan.refusal or "the order disappeared"
-        return await finish(refund_id, phase, detail, reply=declined_reply(amount, currency))
+        return await finish(refund_id, phase, detail, reply=replies.refused(amount, currency, [detail]))
     order, as_of = plan.snapshot.order, plan.snapshot.as_of
     recheck = policy.recheck(
         amount=amount, currency=currency, order=order, as_of=as_of, limits=rt.limits, requested=plan.requested
     )
     if recheck.kind == "refuse":
         detail = f"re-check before paying: {recheck.summary}"
-        return await finish(refund_id, Phase.REJECTED, detail, reply=declined_reply(amount, currency))
+        return await finish(refund_id, Phase.REJECTED, detail, reply=replies.refused(amount, currency, recheck.reasons))
     try:
         payment = await call(
             issue_refund_step,
@@ -268,7 +270,7 @@ async def pay(
             currency=currency,
         )
         return await settle(settling, payment)
-    message = CustomerMessage(customer_id=order.customer_id, text=reply)
+    message = CustomerMessage(order.customer_id, replies.paid_at_once(draft, payment.amount, payment.currency))
     await call(record_payment_step, refund_id, order.order_id, payment, notify=message)  # book and message together
     return {
         "refund_id": refund_id,

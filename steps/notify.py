@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from dbos import DBOS
 from slack_sdk.webhook import WebhookClient
 
-from steps.store import insert_if_absent, outbox, refunds, session, transaction
+from steps.store import insert_if_absent, outbox, refunds, session, transaction, utc
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +85,14 @@ class CustomerMessage:
 def queue_customer_message(refund_id: str, message: CustomerMessage) -> None:
     """Queue the refund's one message to its customer in the caller's transaction."""
     _queue(f"{refund_id}:customer", refund_id, "email", message.customer_id, message.text)
+
+
+def customer_message(conn: sa.Connection, refund_id: str) -> dict[str, str] | None:
+    """The message the refund's customer was sent (its one outbox row) and when; None before it ends."""
+    row = conn.execute(
+        sa.select(outbox.c.body, outbox.c.created_at).where(outbox.c.message_key == f"{refund_id}:customer")
+    ).first()
+    return None if row is None else {"text": row.body, "sent_at": utc(row.created_at).isoformat()}
 
 
 @transaction("notify.customer")

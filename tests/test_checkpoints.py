@@ -20,8 +20,8 @@ from tests.test_workflow import running, submit
 README = Path(__file__).resolve().parents[1] / "README.md"
 _PATHS = ("paid at once", "refused", "approved", "rejected", "expired", "investigated, paid", "investigated, not yet")
 _ROW = re.compile(rf"^\| ({'|'.join(_PATHS)}) \| (\d+) \| (.*) \|$", re.M)
-#: One workflow in the last column: "`/settle`: DBOS.recv, ...", "later, `/escalate`: ...", "`<key>` as approved".
-_WORKFLOW = re.compile(r"^(?:later, )?`(?P<workflow><key>|/\w+)`(?:: (?P<steps>.+)| as (?P<like>[a-z ]+))$")
+#: One workflow in the last column: "`/settle`: DBOS.recv, ...", "`<key>` as approved".
+_WORKFLOW = re.compile(r"^`(?P<workflow><key>|/\w+)`(?:: (?P<steps>.+)| as (?P<like>[a-z ]+))$")
 _MOVING = ("ENQUEUED", "PENDING", "DELAYED")
 
 StepsByWorkflow = dict[str, list[str]]

@@ -1,17 +1,94 @@
-"""What the customer is told shows money the way approvers and the console see it (one format everywhere)."""
+"""What the customer is told follows the outcome (agent/replies.py): table tests of the pure composition."""
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 
 import pytest
 
-from agent.domain import declined_reply, paid_reply
+from agent import replies
+from steps.records import format_money
+
+#: Words that tell a customer someone is still looking at the refund: never in a message about a refusal.
+REVIEWING = re.compile(r"review|approval|get back to you|our team|look into|pending", re.I)
+
+USD, JPY = "USD", "JPY"
+
+
+@pytest.mark.parametrize(("amount", "currency"), [("4200", USD), ("1234567", JPY), ("0.50", USD)])
+def test_every_message_shows_the_amount_as_format_money_does(amount: str, currency: str) -> None:
+    value = Decimal(amount)
+    shown = format_money(value, currency)
+    assert f"Your refund of {shown} has been approved and sent." in replies.paid(value, currency)
+    assert f"we cannot refund {shown} on this order because" in replies.refused(value, currency, ["x"])
+    assert f"we have decided not to refund {shown}" in replies.rejected_by_person(value, currency)
+    assert f"could not confirm your refund of {shown} in time" in replies.expired(value, currency)
+
+
+REFUSALS = [
+    # policy's reason (agent/policy.py, evidence_policy.py) -> what the customer reads
+    ("amount 12000.00 is above the absolute cap of 10000.00 USD", "more than we can refund for a single request"),
+    ("the order does not exist", "we could not find this order"),
+    ("the order disappeared", "we could not find this order"),
+    ("the order is disputed; refunds go through the dispute", "a dispute about this payment is open"),
+    ("the order is not paid", "has not been paid"),
+    ("the order is outside the 30-day refund window", "past the period in which we can refund it"),
+    ("the order is already fully refunded", "already been refunded in full"),
+    ("currency EUR does not match the order's USD", "only be made in the order's currency"),
+    ("amount 50.00 exceeds the refundable 10.00 USD", "more than what is left to refund"),
+    ("re-check before paying: refuse: the order is already fully refunded", "already been refunded in full"),
+    ("amount 80.00 USD is more than the 50.00 USD the customer asked for", "more than you asked for"),
+    ("something policy never said before", "outside our refund policy"),
+]
+
+
+@pytest.mark.parametrize(("reason", "plain"), REFUSALS)
+def test_a_refusal_says_why_in_plain_words_and_never_that_it_is_reviewed(reason: str, plain: str) -> None:
+    text = replies.refused(Decimal("12000.00"), USD, [reason])
+    assert plain in text
+    assert not REVIEWING.search(text)
+    for jargon in ("absolute cap", "auto-approve", "refundable", "re-check", "refuse:"):
+        assert jargon not in text
+
+
+def test_a_refusal_names_each_plain_reason_once() -> None:
+    reasons = ["the order is not paid", "the order is not paid", "amount 1 exceeds the refundable 0 USD"]
+    assert replies.plain_reasons(reasons) == [
+        "this order has not been paid, so there is nothing to refund",
+        "the amount is more than what is left to refund on this order",
+    ]
+    assert replies.plain_reasons([]) == ["it is outside our refund policy"]
 
 
 @pytest.mark.parametrize(
-    ("amount", "currency", "shown"), [("4200", "USD", "4,200.00 USD"), ("1234567", "JPY", "1,234,567 JPY")]
+    "text", [replies.rejected_by_person(Decimal(5), USD), replies.expired(Decimal(5), USD)], ids=["rejected", "expired"]
 )
-def test_customer_replies_show_the_amount_with_thousands_separators(amount: str, currency: str, shown: str) -> None:
-    assert f"Your refund of {shown} has been approved and sent." in paid_reply(Decimal(amount), currency)
-    assert f"we cannot refund {shown} on this order." in declined_reply(Decimal(amount), currency)
+def test_a_person_s_no_and_an_expiry_never_say_it_is_reviewed(text: str) -> None:
+    assert not REVIEWING.search(text)
+
+
+DRAFTS = [
+    # draft, amount paid, sent as written?
+    ("Good news: we have approved a refund of 42.00 USD. It will reach your card in 5-10 days.", "42.00", True),
+    ("Your refund of $4,200.00 has been sent to your card.", "4200.00", True),
+    ("Su reembolso de 1.250,00 EUR ha sido reembolsado.", "1250.00", True),
+    ("Your refund of 42.00 USD needs a quick review by our team; we will get back to you.", "42.00", False),
+    ("We have approved a refund of 50.00 USD.", "42.00", False),  # another amount than the one paid
+    ("We have received your request for 42.00 USD.", "42.00", False),  # says nothing of the money being sent
+    ("Your refund of 42.00 USD is pending approval.", "42.00", False),
+    ("Your refund of 42.00 USD has been sent for approval by our team.", "42.00", False),  # says sent, means asked
+    ("We have approved a refund of 42.00 USD; a colleague will review it first.", "42.00", False),
+    ("Refund sent.", "42.00", False),  # no amount
+    ("", "42.00", False),
+]
+
+
+@pytest.mark.parametrize(("draft", "amount", "fits"), DRAFTS)
+def test_the_models_draft_is_sent_only_when_it_names_the_amount_paid_and_promises_no_review(
+    draft: str, amount: str, fits: bool
+) -> None:
+    value = Decimal(amount)
+    assert replies.draft_fits(draft, value) is fits
+    sent = replies.paid_at_once(draft, value, USD)
+    assert sent == (draft if fits else replies.paid(value, USD))

@@ -161,8 +161,13 @@ def paid_line(entries: list[AuditEntry]) -> str | None:
     return f"Paid {money} on {day_and_time(paid.created_at)} — provider refund {provider_refund}"
 
 
-def _execution(client: DBOSClient, wf: WorkflowStatus) -> dict[str, Any]:
-    """One run of the refund workflow (the original or a fork) with its steps laid out as bars."""
+#: The phases in which a refund waits on a timer (a deadline, a reminder, the provider's next re-read).
+WAITING = ("awaiting_approval", "settling")
+
+
+def _execution(client: DBOSClient, wf: WorkflowStatus, *, waiting: bool = True) -> dict[str, Any]:
+    """One run as the page shows it. ``waiting``: whether the refund still waits; a decided refund's timer, made due
+    to run and end, shows no due time."""
     steps = step_timeline(client, [wf])
     starts = [datetime.fromisoformat(s["start"]) for s in steps if s["start"]]
     ends = [datetime.fromisoformat(s["end"]) for s in steps if s["end"]]
@@ -186,7 +191,7 @@ def _execution(client: DBOSClient, wf: WorkflowStatus) -> dict[str, Any]:
         else None,
         "active": wf.status in ACTIVE,
         "due_at": datetime.fromtimestamp(wf.delay_until_epoch_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
-        if wf.status == "DELAYED" and wf.delay_until_epoch_ms
+        if waiting and wf.status == "DELAYED" and wf.delay_until_epoch_ms
         else None,
         "total_ms": round(total) if ends else None,
         "steps": steps,
@@ -224,8 +229,8 @@ def refund_detail(
         "message": customer_messages(client, [refund_id]).get(refund_id, ""),
         "verdict_detail": verdict,
         "expected_key": idempotency_key(refund_id, order_id) if order_id else None,
-        "executions": [_execution(client, wf) for wf in runs],
-        "target": _execution(client, target) if target else None,
+        "executions": [_execution(client, wf, waiting=status["status"] in WAITING) for wf in runs],
+        "target": _execution(client, target, waiting=status["status"] in WAITING) if target else None,
         "audit": [
             {
                 "seq": e.seq,

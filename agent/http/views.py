@@ -149,6 +149,13 @@ class StepView(View):
     error: str | None
 
 
+class SentMessage(View):
+    text: str
+    """The message, as sent."""
+    sent_at: Timestamp
+    """When it was written to the outbox, with the refund's outcome."""
+
+
 class RefundView(View):
     """One refund: phase, amounts, approval, payment, outcome and the DBOS step timeline."""
 
@@ -162,6 +169,10 @@ class RefundView(View):
     verdict: str | None
     reason: str | None
     customer_reply: str | None
+    """The model's draft reply; sent only when it fits a refund paid at once (what was sent: ``customer_message``)."""
+    customer_message: SentMessage | None
+    """What the customer was sent, composed from the outcome; null until the refund ends (nothing is sent while
+    it waits)."""
     model: str | None
     claim: ClaimView
     """The claim's category and the evidence the agent looked up (ticket comments never: customer data)."""

@@ -1,0 +1,133 @@
+"""What the customer is told: composed from how the refund ended, never from what the model hoped would happen.
+
+A refund sends its customer one message (steps/notify.py keys it by refund), when it ends: paid, refused,
+not decided in time (expired), or not found. While it waits for a person or for the provider nothing is sent,
+so the one message is always about the outcome. Where the evidence decided, policy's own note is the message.
+
+The model's draft (``RefundProposal.customer_reply``) is sent only when it fits the outcome: the refund was paid
+at once (``auto_approve``), and the draft names the amount paid, says the money is refunded, and promises no
+review, approval or wait (``draft_fits``). Every other message is ours. Amounts go through
+``steps.records.format_money``. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from decimal import Decimal, InvalidOperation
+
+from steps.records import format_money
+
+__all__ = [
+    "draft_fits",
+    "expired",
+    "not_found",
+    "paid",
+    "paid_at_once",
+    "plain_reasons",
+    "refused",
+    "rejected_by_person",
+]
+
+ANOTHER_LOOK = "Reply to this message if you would like us to take another look."
+#: A draft that speaks of a review, an approval or a wait is not about a refund paid at once.
+_PENDING = re.compile(
+    r"review|approval|approver|pending|get back to you|look into|our team|will let you know|"
+    r"prüf|genehmigung|vérif|examin|revis|aprobaci|verific|esamin|確認|担当",
+    re.I,
+)
+#: A draft for a paid refund says the money was refunded, sent or approved (in a few languages).
+_SAYS_PAID = re.compile(
+    r"refunded|been (sent|approved|issued|paid)|we (have )?(sent|approved|issued|paid)|approved a refund|on its way|"
+    r"will reach|erstattet|rembours|reembols|rimborsat|返金しました",
+    re.I,
+)
+_NUMBER = re.compile(r"\d[\d.,\u00a0\u202f ]*\d|\d")
+
+#: Policy's reasons (agent/policy.py, agent/evidence_policy.py) in the customer's words, by how they start or
+#: what they contain; a reason not listed gets the general sentence. The customer never reads the limits' names.
+_PLAIN: tuple[tuple[str, str], ...] = (
+    ("the order does not exist", "we could not find this order"),
+    ("the order disappeared", "we could not find this order"),
+    ("disputed", "a dispute about this payment is open with your bank, and the dispute decides its refund"),
+    ("open dispute", "a dispute about this payment is open with your bank, and the dispute decides its refund"),
+    ("not paid", "this order has not been paid, so there is nothing to refund"),
+    ("refund window", "the order is past the period in which we can refund it"),
+    ("already fully refunded", "this order has already been refunded in full"),
+    ("does not match the order", "a refund can only be made in the order's currency"),
+    ("exceeds the refundable", "the amount is more than what is left to refund on this order"),
+    ("absolute cap", "the amount is more than we can refund for a single request"),
+    ("the customer asked for", "the amount is more than you asked for"),
+    ("the approval is for", "the amount differs from the one that was approved"),
+)
+_GENERAL = "it is outside our refund policy"
+
+
+def plain_reasons(reasons: Iterable[str]) -> list[str]:
+    """Policy's reasons in the customer's words, each said once, in order; the general sentence when none is known."""
+    said: list[str] = []
+    for reason in reasons:
+        text = reason.removeprefix("re-check before paying: ").casefold()
+        plain = next((words for marker, words in _PLAIN if marker in text), _GENERAL)
+        if plain not in said:
+            said.append(plain)
+    return said or [_GENERAL]
+
+
+def paid(amount: Decimal, currency: str) -> str:
+    """The refund was paid: how much, and when it arrives."""
+    return (
+        f"Your refund of {format_money(amount, currency)} has been approved and sent. It will reach your "
+        "original payment method within 5-10 business days."
+    )
+
+
+def refused(amount: Decimal, currency: str, reasons: Iterable[str]) -> str:
+    """Policy refused: why, in plain words (never policy's internal strings)."""
+    why = "; ".join(plain_reasons(reasons))
+    money = format_money(amount, currency)
+    return f"We are sorry: we cannot refund {money} on this order because {why}. {ANOTHER_LOOK}"
+
+
+def rejected_by_person(amount: Decimal, currency: str) -> str:
+    """A person decided against the refund."""
+    return f"We are sorry: we have decided not to refund {format_money(amount, currency)} on this order. {ANOTHER_LOOK}"
+
+
+def expired(amount: Decimal, currency: str) -> str:
+    """No one decided before the approval's deadline: the refund ended unpaid."""
+    return (
+        f"We are sorry: we could not confirm your refund of {format_money(amount, currency)} in time, so it has "
+        f"not been made. {ANOTHER_LOOK}"
+    )
+
+
+def not_found(amount: Decimal, currency: str) -> str:
+    """The order could not be found when the refund was to be paid."""
+    return refused(amount, currency, ["the order does not exist"])
+
+
+def _numbers(text: str) -> set[Decimal]:
+    """The amounts a text writes, read both ways (1,250.00 and 1.250,00; thin spaces as separators)."""
+    found: set[Decimal] = set()
+    for token in _NUMBER.findall(text):
+        token = re.sub(r"[\u00a0\u202f ]", "", token)
+        for candidate in (token.replace(",", ""), token.replace(".", "").replace(",", ".")):
+            try:
+                found.add(Decimal(candidate))
+            except InvalidOperation:
+                continue
+    return found
+
+
+def draft_fits(draft: str | None, amount: Decimal) -> bool:
+    """Whether the model's draft may be sent for a refund paid at once of ``amount``: it names that amount, says
+    the money is refunded, and speaks of no review, approval or wait."""
+    if not draft or not draft.strip():
+        return False
+    return amount in _numbers(draft) and bool(_SAYS_PAID.search(draft)) and not _PENDING.search(draft)
+
+
+def paid_at_once(draft: str | None, amount: Decimal, currency: str) -> str:
+    """The message for a refund paid without a person: the model's draft when it fits (``draft_fits``), else ours."""
+    return draft if draft is not None and draft_fits(draft, amount) else paid(amount, currency)

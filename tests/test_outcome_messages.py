@@ -1,0 +1,129 @@
+"""A refund refused, rejected, expired or failed at any point never tells its customer it is being reviewed; what
+was sent is what GET /refunds/{id} and the console show (real workflows, the offline model)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from dbos import DBOSClient
+
+from agent import approvals
+from agent.approval_workflows import decide_here
+from agent.console.data import refund_detail
+from agent.ops.processes import wait_for
+from agent.status import FINAL, refund_status
+from steps.store import app_db, orders, outbox
+from tests.conftest import Env
+from tests.identities import DANA
+from tests.test_replies import REVIEWING
+from tests.test_workflow import parked, result, running, submit
+
+
+def emails(refund_id: str) -> list[str]:
+    """What the refund's customer was sent (the outbox's email channel)."""
+    with app_db().engine.connect() as conn:
+        query = sa.select(outbox.c.body).where(outbox.c.refund_id == refund_id, outbox.c.channel == "email")
+        return [str(body) for body in conn.execute(query).scalars()]
+
+
+def told(client: DBOSClient, refund_id: str) -> str:
+    """The refund's one message to its customer, once it has ended; the API shows that same message."""
+    outcome = result(client, refund_id)
+    assert outcome["status"] in FINAL
+    [sent] = wait_for(lambda: emails(refund_id) or None, timeout=30, what=f"the message of {refund_id}")
+    shown = refund_status(client, refund_id)
+    assert shown is not None and shown["customer_message"]["text"] == sent and shown["customer_message"]["sent_at"]
+    return sent
+
+
+def test_a_refund_above_the_cap_tells_the_customer_why_not_that_it_is_reviewed(env: Env, client: DBOSClient) -> None:
+    refund_id = submit(client, "told-cap-000001", "ord_1007", "Refund the bike please.")
+    sent = told(client, refund_id)
+    assert result(client, refund_id)["status"] == "rejected"
+    assert not REVIEWING.search(sent)
+    assert "12,000.00 USD" in sent and "more than we can refund for a single request" in sent
+    shown = refund_status(client, refund_id)
+    assert shown is not None and "review" in (shown["customer_reply"] or "")  # the model's draft, never sent
+    page = refund_detail(client, refund_id)
+    assert page is not None and page["customer_message"]["text"] == sent  # the console shows what was sent
+
+
+def test_an_order_gone_before_paying_is_told_the_order_was_not_found(env: Env, client: DBOSClient) -> None:
+    refund_id = submit(client, "told-missing-01", "ord_1002")
+    parked(client, refund_id)
+    with app_db().engine.begin() as conn:  # an order removed while a person decides (submission checks it exists)
+        conn.execute(orders.delete().where(orders.c.order_id == "ord_1002"))
+    approvals.decide_pending(decide_here, refund_id=refund_id, decision="approve", approver=DANA, via="console")
+    sent = told(client, refund_id)
+    assert result(client, refund_id)["status"] == "failed"
+    assert "could not find this order" in sent and not REVIEWING.search(sent)
+
+
+def test_an_open_dispute_tells_the_customer_the_dispute_decides(env: Env, client: DBOSClient) -> None:
+    refund_id = submit(client, "told-dispute-01", "ord_1017", "I don't recognise this charge.")
+    sent = told(client, refund_id)
+    assert "dispute" in sent and not REVIEWING.search(sent)
+
+
+def test_a_parked_refund_has_sent_nothing_then_a_person_s_no_is_told_plainly(env: Env, client: DBOSClient) -> None:
+    refund_id = submit(client, "told-reject-001", "ord_1002", "Everything arrived broken.")
+    parked(client, refund_id)
+    waiting = refund_status(client, refund_id)
+    assert waiting is not None and waiting["customer_message"] is None  # nothing is sent while it waits
+    approvals.decide_pending(decide_here, refund_id=refund_id, decision="reject", approver=DANA, via="console")
+    sent = told(client, refund_id)
+    assert "decided not to refund 4,200.00 USD" in sent and not REVIEWING.search(sent)
+
+
+def test_a_re_check_that_refuses_before_paying_is_told_plainly(env: Env, client: DBOSClient) -> None:
+    refund_id = submit(client, "told-recheck-01", "ord_1002")
+    parked(client, refund_id)
+    with app_db().engine.begin() as conn:
+        conn.execute(orders.update().where(orders.c.order_id == "ord_1002").values(amount_refunded_minor=420000))
+    approvals.decide_pending(decide_here, refund_id=refund_id, decision="approve", approver=DANA, via="console")
+    sent = told(client, refund_id)
+    assert "re-check before paying" in result(client, refund_id)["detail"]
+    assert "already been refunded in full" in sent and not REVIEWING.search(sent)
+
+
+def test_an_approved_refund_is_told_what_was_paid(env: Env, client: DBOSClient) -> None:
+    refund_id = submit(client, "told-approve-01", "ord_1002")
+    parked(client, refund_id)
+    approvals.decide_pending(decide_here, refund_id=refund_id, decision="approve", approver=DANA, via="console")
+    sent = told(client, refund_id)
+    assert "Your refund of 4,200.00 USD has been approved and sent" in sent and "business days" in sent
+
+
+def test_an_expired_approval_tells_the_customer_no_one_confirmed_it_in_time(env: Env) -> None:
+    with running(env, approval_escalate_after_seconds=0.5, approval_timeout_seconds=1.5) as client:
+        refund_id = submit(client, "told-expired-01", "ord_1009")
+        sent = told(client, refund_id)
+        assert "could not confirm your refund" in sent and not REVIEWING.search(sent)
+
+
+@pytest.fixture
+def rechecking(env: Env) -> Iterator[DBOSClient]:
+    with running(env, payment_recheck_seconds=0.5) as client:
+        yield client
+
+
+def test_a_refund_the_provider_fails_later_sends_the_customer_nothing(env: Env, rechecking: DBOSClient) -> None:
+    env.sandbox.set_faults(pending_fail_next=1, settle_after_ms=300)
+    refund_id = submit(rechecking, "told-provider-1", "ord_1001")
+    outcome: dict[str, Any] = result(rechecking, refund_id)
+    assert outcome["status"] == "failed"
+    assert emails(refund_id) == []  # operators are alerted; the customer is never told it was paid or reviewed
+    shown = refund_status(rechecking, refund_id)
+    assert shown is not None and shown["customer_message"] is None
+
+
+def test_a_small_refund_paid_at_once_sends_the_models_draft_when_it_fits(env: Env, client: DBOSClient) -> None:
+    refund_id = submit(client, "told-paid-00001", "ord_1001", "The mouse stopped working.")
+    sent = told(client, refund_id)
+    shown = refund_status(client, refund_id)
+    assert shown is not None and sent == shown["customer_reply"]  # the offline model's draft names 42.00 USD
+    assert "42.00" in sent and not REVIEWING.search(sent) and Decimal("42.00") == Decimal(shown["amount"])
