@@ -22,7 +22,7 @@ from agent import tokens
 from agent.claims import claim_text
 from agent.domain import ApprovalRecord
 from agent.identity import Principal
-from steps.records import ApprovalRequest, format_money
+from steps.records import ApprovalRequest, format_money, quantize
 from steps.refunds import approval_request, recorded_decision
 from steps.store import app_db
 
@@ -158,8 +158,39 @@ def authority_refusal(
     if most is None:
         return f"{approver} has no approval authority in {currency}"
     if amount > most:
-        most_text, asked = format_money(most, currency), format_money(amount, currency)
-        return f"{approver} may approve up to {most_text}; this refund is {asked}"
+        most_text, approving = format_money(most, currency), format_money(amount, currency)
+        return f"{approver} may approve up to {most_text}; this approval is for {approving}"
+    return None
+
+
+def parse_amount(text: str) -> Decimal:
+    """An amount typed into a form, as a number; ``amount_refusal`` judges it against the request."""
+    try:
+        amount = Decimal(text.strip())
+    except ArithmeticError:
+        raise ApprovalError("invalid", f"{text!r} is not an amount") from None
+    if not amount.is_finite():
+        raise ApprovalError("invalid", f"{text!r} is not an amount")
+    return amount
+
+
+def amount_refusal(
+    request: ApprovalRequest, decision: Decision, amount: Decimal, currency: str
+) -> ApprovalError | None:
+    """Why a decision for ``amount`` cannot answer ``request``, or None. An approval may be for less than asked
+    (more than 0, whole minor units of the refund's currency), never more; a rejection is of the amount asked."""
+    asked = format_money(request.amount, request.currency)
+    if currency != request.currency:
+        return ApprovalError("mismatch", f"the decision is in {currency} but the refund awaits {asked}")
+    if decision == "reject" and amount != request.amount:
+        return ApprovalError("mismatch", f"the rejection is for {amount} {currency} but the refund awaits {asked}")
+    if amount <= 0:
+        return ApprovalError("invalid", f"an approval must be for more than 0 {currency}")
+    if quantize(amount, currency) != amount:
+        return ApprovalError("invalid", f"{amount} is not a whole number of {currency} minor units")
+    if amount > request.amount:
+        approving = format_money(amount, currency)
+        return ApprovalError("above_ask", f"{approving} is more than the {asked} refund {request.refund_id} awaits")
     return None
 
 
@@ -175,23 +206,28 @@ def requester_refusal(request: ApprovalRequest, approver: Principal) -> str | No
     return None
 
 
-def decide(
-    run: Decider,
+@dataclass(frozen=True)
+class Checked:
+    """What a decision would answer: the request, the amount it would record, and the decision already standing."""
+
+    request: ApprovalRequest
+    amount: Decimal
+    standing: ApprovalRecord | None
+
+
+def check(
     *,
     refund_id: str,
     decision: Decision,
     approver: Principal,
-    via: str,
-    amount: Decimal,
+    amount: Decimal | None,
     currency: str,
+    asked: Decimal | None = None,
     authority: Mapping[str, Mapping[str, Decimal]] | None = None,
     now: datetime | None = None,
-) -> DecisionResult:
-    """Take a person's decision, bound to the amount and currency they saw; the first one stands.
-
-    ``approver`` is who the channel (``via``) established: a signed-in operator, the approver a link was sent
-    to, an allow-listed Slack user's operator, an API client, the OS user. The refund's requester may never
-    decide it; ``authority`` caps what a principal may approve (settings ``APPROVAL_LIMITS``)."""
+) -> Checked:
+    """Every check a decision passes before it is recorded (``decide``); the console's confirmation runs them
+    before it asks. Raises ``ApprovalError`` for a decision that cannot be taken."""
     now = now or datetime.now(UTC)
     with app_db().engine.connect() as conn:
         existing = recorded_decision(conn, refund_id)
@@ -203,21 +239,60 @@ def decide(
     if existing is not None and existing.decision == "expired":
         raise ApprovalError("expired", f"the approval window for refund {refund_id} has closed", existing)
     if existing is not None:  # recorded by the refund's decision workflow, which also hands it over
-        return DecisionResult(record=existing, first=False)
-    if (request.amount, request.currency) != (amount, currency):
-        raise ApprovalError(
-            "mismatch",
-            f"the decision is for {amount} {currency} but the refund awaits {request.amount} {request.currency}",
-        )
+        return Checked(request, existing.amount, existing)
+    if asked is not None and asked != request.amount:
+        awaited = format_money(request.amount, request.currency)
+        raise ApprovalError("mismatch", f"the page showed {asked} {currency} but the refund awaits {awaited}")
+    amount = request.amount if amount is None else amount
+    if refused_amount := amount_refusal(request, decision, amount, currency):
+        raise refused_amount
+    amount = quantize(amount, currency)  # 4200.000 USD is recorded as 4200.00
     if decision == "approve" and (refused := authority_refusal(approver, amount, currency, authority or {})):
         raise ApprovalError("authority", refused)
     if now >= request.expires_at:
         raise ApprovalError("expired", f"the approval window for refund {refund_id} has closed")
+    return Checked(request, amount, None)
+
+
+def decide(
+    run: Decider,
+    *,
+    refund_id: str,
+    decision: Decision,
+    approver: Principal,
+    via: str,
+    amount: Decimal | None,
+    currency: str,
+    asked: Decimal | None = None,
+    authority: Mapping[str, Mapping[str, Decimal]] | None = None,
+    now: datetime | None = None,
+) -> DecisionResult:
+    """Take a person's decision for ``amount`` (at most what the refund awaits; None: what it awaits); the first
+    one stands.
+
+    ``asked`` is the amount the approver was shown as awaited, when the channel showed one (a page, a link):
+    a decision taken on a stale view is refused. ``approver`` is who the channel (``via``) established: a
+    signed-in operator, the approver a link was sent to, an allow-listed Slack user's operator, an API client,
+    the OS user. The refund's requester may never decide it; ``authority`` caps the amount a principal may
+    approve (settings ``APPROVAL_LIMITS``)."""
+    now = now or datetime.now(UTC)
+    checked = check(
+        refund_id=refund_id,
+        decision=decision,
+        approver=approver,
+        amount=amount,
+        currency=currency,
+        asked=asked,
+        authority=authority,
+        now=now,
+    )
+    if checked.standing is not None:
+        return DecisionResult(record=checked.standing, first=False)
     mine = ApprovalRecord(
         refund_id=refund_id,
         decision=decision,
         approver=str(approver),
-        amount=amount,
+        amount=checked.amount,
         currency=currency,
         decided_at=now,
         via=via,
@@ -236,8 +311,10 @@ def decide_pending(
     approver: Principal,
     via: str,
     authority: Mapping[str, Mapping[str, Decimal]] | None = None,
+    amount: Decimal | None = None,
 ) -> DecisionResult:
-    """Decide for the amount and currency the refund is waiting on, as an approver looking at it sees them."""
+    """Decide in the currency the refund is waiting on, for ``amount`` (an approval of less) or the amount it
+    awaits."""
     with app_db().engine.connect() as conn:
         request = approval_request(conn, refund_id)
     if request is None:
@@ -248,7 +325,7 @@ def decide_pending(
         decision=decision,
         approver=approver,
         via=via,
-        amount=request.amount,
+        amount=amount,
         currency=request.currency,
         authority=authority,
     )
