@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -13,6 +14,8 @@ import pytest
 import sqlalchemy as sa
 from dbos import DBOSClient
 
+from agent.approval_workflows import decide_here
+from agent.domain import ApprovalRecord
 from agent.ops.processes import wait_for
 from agent.status import wait_for_outcome
 from steps.store import app_db, approval_decisions, audit_log, outbox
@@ -163,3 +166,23 @@ def test_the_cli_approves_less_with_amount_and_refuses_more(env: Env, client: DB
     assert approved.returncode == 0 and "for 4000.00 USD" in approved.stdout, approved.stderr
     paid_once(env, client, refund_id, 400_000)
     assert "4,000.00 USD" in told(refund_id)[0]
+
+
+def test_a_recorded_approval_above_its_request_pays_nothing(env: Env, client: DBOSClient) -> None:
+    """Past every channel's check (a decision recorded by hand): the payment step refuses more than was asked."""
+    refund_id = submit(client, "less-forged-001", "ord_1002")
+    parked(client, refund_id)
+    forged = ApprovalRecord(
+        refund_id=refund_id,
+        decision="approve",
+        approver="operator:dana",
+        amount=Decimal("4200.01"),
+        currency="USD",
+        decided_at=datetime.now(UTC),
+        via="console",
+    )
+    assert decide_here(forged) == forged
+    outcome = wait_for_outcome(client, refund_id, timeout=120)
+    assert outcome["status"] == "rejected", outcome
+    assert outcome["detail"] == "the approval is for 4200.01 USD but the request was for at most 4200.00 USD"
+    assert env.sandbox.refunds() == []
