@@ -76,6 +76,9 @@ def test_an_api_approval_of_less_is_paid_once_for_that_amount_and_the_customer_i
     assert parked(client, refund_id)["amount"] == "4200.00"
     auth = {"Authorization": f"Bearer {APPROVER_KEY}"}
     with httpx.Client(base_url=server.base_url, timeout=30, headers=auth) as http:
+        schema = http.get("/openapi.json").json()["components"]["schemas"]["DecisionIn"]
+        assert "amount" in schema["properties"] and schema["required"] == ["decision", "currency"]
+        assert "less" in schema["properties"]["amount"]["description"]
 
         def decide(**body: Any) -> httpx.Response:
             return http.post(f"/refunds/{refund_id}/approval", json={"decision": "approve", "currency": "USD", **body})
