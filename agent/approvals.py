@@ -14,12 +14,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Any
 
 from dbos import DBOSClient, EnqueueOptions, WorkflowHandle
 
 from agent import tokens
 from agent.claims import claim_text
+from agent.decision_checks import ApprovalError as ApprovalError
+from agent.decision_checks import Checked as Checked
+from agent.decision_checks import Decision as Decision
+from agent.decision_checks import check as check
+from agent.decision_checks import parse_amount as parse_amount
 from agent.domain import ApprovalRecord
 from agent.identity import Principal
 from steps.records import ApprovalRequest, format_money
@@ -34,7 +39,6 @@ DEADLINE_WORKFLOW = "approval_deadline_workflow"
 ESCALATION_WORKFLOW = "approval_escalation_workflow"
 SETTLE_WORKFLOW = "settle_refund_workflow"
 
-Decision = Literal["approve", "reject"]
 #: Runs a refund's decision workflow with this record (unless one ran already) and returns the standing one.
 Decider = Callable[[ApprovalRecord], ApprovalRecord]
 
@@ -58,15 +62,6 @@ def escalation_id(refund_id: str) -> str:
 def family(refund_id: str) -> list[str]:
     """Every workflow id a refund can have ('/' never appears in a refund id, so none is another refund's)."""
     return [refund_id, decision_id(refund_id), settle_id(refund_id), deadline_id(refund_id), escalation_id(refund_id)]
-
-
-class ApprovalError(Exception):
-    """A decision that cannot be taken; ``code`` says why (the HTTP layer maps it to a status)."""
-
-    def __init__(self, code: str, message: str, recorded: ApprovalRecord | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.recorded = recorded
 
 
 #: The approver a Slack button's token is bound to: the clicking user, checked against the allow-list.
@@ -147,34 +142,6 @@ def pending_request(refund_id: str) -> dict[str, Any] | None:
     return request_view(request)
 
 
-def authority_refusal(
-    approver: Principal, amount: Decimal, currency: str, limits: Mapping[str, Mapping[str, Decimal]]
-) -> str | None:
-    """Why ``approver`` may not approve ``amount``, or None. A principal without a limit is not limited."""
-    mine = limits.get(str(approver))
-    if mine is None:
-        return None
-    most = mine.get(currency)
-    if most is None:
-        return f"{approver} has no approval authority in {currency}"
-    if amount > most:
-        most_text, asked = format_money(most, currency), format_money(amount, currency)
-        return f"{approver} may approve up to {most_text}; this refund is {asked}"
-    return None
-
-
-def requester_refusal(request: ApprovalRequest, approver: Principal) -> str | None:
-    """Why ``approver`` may not decide this refund because it asked for it, or None (separation of duties)."""
-    if request.requested_by is not None and str(approver) == request.requested_by:
-        return f"{approver} requested refund {request.refund_id}; the requester cannot decide it"
-    if approver.kind == "operator" and approver.name == request.requester_operator:
-        return (
-            f"{approver} is the operator of the client that requested refund {request.refund_id}; "
-            "the requester cannot decide it"
-        )
-    return None
-
-
 def decide(
     run: Decider,
     *,
@@ -182,42 +149,38 @@ def decide(
     decision: Decision,
     approver: Principal,
     via: str,
-    amount: Decimal,
+    amount: Decimal | None,
     currency: str,
+    asked: Decimal | None = None,
     authority: Mapping[str, Mapping[str, Decimal]] | None = None,
     now: datetime | None = None,
 ) -> DecisionResult:
-    """Take a person's decision, bound to the amount and currency they saw; the first one stands.
+    """Take a person's decision for ``amount`` (at most what the refund awaits; None: what it awaits); the first
+    one stands.
 
-    ``approver`` is who the channel (``via``) established: a signed-in operator, the approver a link was sent
-    to, an allow-listed Slack user's operator, an API client, the OS user. The refund's requester may never
-    decide it; ``authority`` caps what a principal may approve (settings ``APPROVAL_LIMITS``)."""
+    ``asked`` is the amount the approver was shown as awaited, when the channel showed one (a page, a link):
+    a decision taken on a stale view is refused. ``approver`` is who the channel (``via``) established: a
+    signed-in operator, the approver a link was sent to, an allow-listed Slack user's operator, an API client,
+    the OS user. The refund's requester may never decide it; ``authority`` caps the amount a principal may
+    approve (settings ``APPROVAL_LIMITS``)."""
     now = now or datetime.now(UTC)
-    with app_db().engine.connect() as conn:
-        existing = recorded_decision(conn, refund_id)
-        request = approval_request(conn, refund_id)
-    if request is None:
-        raise ApprovalError("nothing_pending", f"refund {refund_id} is not waiting for an approval")
-    if refused := requester_refusal(request, approver):
-        raise ApprovalError("requester", refused)
-    if existing is not None and existing.decision == "expired":
-        raise ApprovalError("expired", f"the approval window for refund {refund_id} has closed", existing)
-    if existing is not None:  # recorded by the refund's decision workflow, which also hands it over
-        return DecisionResult(record=existing, first=False)
-    if (request.amount, request.currency) != (amount, currency):
-        raise ApprovalError(
-            "mismatch",
-            f"the decision is for {amount} {currency} but the refund awaits {request.amount} {request.currency}",
-        )
-    if decision == "approve" and (refused := authority_refusal(approver, amount, currency, authority or {})):
-        raise ApprovalError("authority", refused)
-    if now >= request.expires_at:
-        raise ApprovalError("expired", f"the approval window for refund {refund_id} has closed")
+    checked = check(
+        refund_id=refund_id,
+        decision=decision,
+        approver=approver,
+        amount=amount,
+        currency=currency,
+        asked=asked,
+        authority=authority,
+        now=now,
+    )
+    if checked.standing is not None:
+        return DecisionResult(record=checked.standing, first=False)
     mine = ApprovalRecord(
         refund_id=refund_id,
         decision=decision,
         approver=str(approver),
-        amount=amount,
+        amount=checked.amount,
         currency=currency,
         decided_at=now,
         via=via,
@@ -236,8 +199,10 @@ def decide_pending(
     approver: Principal,
     via: str,
     authority: Mapping[str, Mapping[str, Decimal]] | None = None,
+    amount: Decimal | None = None,
 ) -> DecisionResult:
-    """Decide for the amount and currency the refund is waiting on, as an approver looking at it sees them."""
+    """Decide in the currency the refund is waiting on, for ``amount`` (an approval of less) or the amount it
+    awaits."""
     with app_db().engine.connect() as conn:
         request = approval_request(conn, refund_id)
     if request is None:
@@ -248,7 +213,7 @@ def decide_pending(
         decision=decision,
         approver=approver,
         via=via,
-        amount=request.amount,
+        amount=amount,
         currency=request.currency,
         authority=authority,
     )

@@ -221,6 +221,7 @@ def cmd_decide(args: argparse.Namespace) -> int:
             approver=os_principal(),
             via="cli",
             authority=get_settings().approval_limits,
+            amount=approvals.parse_amount(args.amount) if getattr(args, "amount", None) else None,
         )
     except approvals.ApprovalError as error:
         print(f"refused ({error.code}): {error}", file=sys.stderr)
@@ -360,6 +361,8 @@ def parser() -> argparse.ArgumentParser:
     for name in ("approve", "reject"):
         d = sub.add_parser(name, help=f"{name} a refund waiting for approval, as the OS user running this (cli:<user>)")
         d.add_argument("refund_id")
+        if name == "approve":
+            d.add_argument("--amount", help="approve this much (at most the amount asked, its default)")
         d.set_defaults(func=cmd_decide)
     cl = sub.add_parser("clients", help="API clients: add (its key is shown once), list, revoke")
     cl_sub = cl.add_subparsers(dest="clients_command", required=True)

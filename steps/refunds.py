@@ -312,13 +312,15 @@ def _claim_decision(conn: Any, record: ApprovalRecord) -> tuple[ApprovalRecord, 
         existing = recorded_decision(conn, record.refund_id)
         assert existing is not None
         return existing, False
-    audit.append(
-        conn,
-        refund_id=record.refund_id,
-        event="approval_decided",
-        payload=record.model_dump(),
-        now=record.decided_at,
-    )
+    asked = conn.execute(
+        sa.select(approval_requests.c.amount_minor, approval_requests.c.currency).where(
+            approval_requests.c.refund_id == record.refund_id
+        )
+    ).first()
+    payload = record.model_dump()
+    if asked is not None:  # an approver may approve less than asked: the entry names both
+        payload["asked_amount"] = from_minor(asked.amount_minor, asked.currency)
+    audit.append(conn, refund_id=record.refund_id, event="approval_decided", payload=payload, now=record.decided_at)
     return record, True
 
 
@@ -376,8 +378,9 @@ def escalate_approval_step(refund_id: str, *, messages: dict[str, str]) -> bool:
 @transaction("refunds.prepare_approved_payment")
 def prepare_approved_payment_step(refund_id: str, *, amount: Decimal, currency: str) -> PaymentPlan:
     """Reserve an approved refund's amount against its order right before paying; stamp the first attempt
-    (kept across retries). The order comes from the refund's row, and the amount must be the one its
-    approval request asked for (what would be paid never differs from what was approved).
+    (kept across retries). The order comes from the refund's row; the amount is the one approved, which is
+    more than 0 and at most what its approval request asked for, in the request's currency (an approver may
+    approve less, never more).
 
     The snapshot counts what other refunds of the order are paying right now as already refunded, so
     two refunds of one order on two workers cannot both pass the balance check. The order's row is
@@ -394,9 +397,9 @@ def prepare_approved_payment_step(refund_id: str, *, amount: Decimal, currency: 
     )
     if found is None:
         return PaymentPlan(snapshot=None, first_attempt_at=datetime.now(UTC), refusal="no approval request")
-    if (found.amount_minor, found.currency) != (to_minor(amount, currency), currency):
+    if currency != found.currency or not 0 < amount <= from_minor(found.amount_minor, found.currency):
         asked = f"{from_minor(found.amount_minor, found.currency)} {found.currency}"
-        refusal = f"the approval is for {amount} {currency} but the request was for {asked}"
+        refusal = f"the approval is for {amount} {currency} but the request was for at most {asked}"
         return PaymentPlan(snapshot=None, first_attempt_at=datetime.now(UTC), refusal=refusal)
     order_id = str(found.order_id)
     return _reserve(refund_id, order_id, _locked_order(order_id), amount=amount, currency=currency)

@@ -84,7 +84,7 @@ def test_form_posts_without_the_csrf_token_or_the_session_are_refused(
     server, client = console
     refund_id = submit(client, "console-csrf-01", "ord_1002")
     request = parked(client, refund_id)
-    fields = {"decision": "approve", "amount": request["amount"], "currency": request["currency"]}
+    fields = {"decision": "approve", "amount": request["amount"], "currency": request["currency"], "confirmed": "yes"}
     path = f"/console/refunds/{refund_id}/decision"
     with server.signed_in("bob") as bob, httpx.Client(base_url=server.base_url) as stranger:
         token = csrf_of(bob, "/console")
@@ -113,17 +113,17 @@ def test_a_decision_is_bound_to_the_amount_shown_and_the_first_one_stands(
     server, client = console
     refund_id = submit(client, "console-bound-01", "ord_1002")
     parked(client, refund_id)
+    path = f"/console/refunds/{refund_id}/decision"
     with server.signed_in("bob") as bob:
         token = csrf_of(bob, "/console")
-        stale = form(
-            bob, f"/console/refunds/{refund_id}/decision", decision="approve", amount="1.00", currency="USD", csrf=token
-        )
-        assert stale.status_code == 409 and "awaits 4200.00 USD" in stale.text
+        shown = {"amount": "1.00", "asked": "1.00", "currency": "USD", "csrf": token, "confirmed": "yes"}
+        stale = form(bob, path, decision="approve", **shown)  # a page that showed another amount asked
+        assert stale.status_code == 409 and "awaits 4,200.00 USD" in stale.text
         assert decisions() == 0
-        fields = {"amount": "4200.00", "currency": "USD", "csrf": token}
-        rejected = form(bob, f"/console/refunds/{refund_id}/decision", decision="reject", **fields)
+        fields = {"amount": "4200.00", "currency": "USD", "csrf": token, "confirmed": "yes"}
+        rejected = form(bob, path, decision="reject", **fields)
         assert rejected.status_code == 303
-        late = form(bob, f"/console/refunds/{refund_id}/decision", decision="approve", **fields)
+        late = form(bob, path, decision="approve", **fields)
         assert late.status_code == 409 and "already decided: reject by operator:bob" in late.text
     assert wait_for_outcome(client, refund_id)["status"] == "rejected"
     assert decisions() == 1 and env.sandbox.refunds() == []
@@ -139,7 +139,7 @@ def test_a_refund_already_decided_offers_no_decision_and_refuses_one(
     server, client = console
     refund_id = submit(client, "console-decided-01", "ord_1002")
     request = parked(client, refund_id)
-    fields = {"amount": request["amount"], "currency": request["currency"]}
+    fields = {"amount": request["amount"], "currency": request["currency"], "confirmed": "yes"}
     page = f"/console/refunds/{refund_id}"
     with server.signed_in("bob") as bob:
         token = csrf_of(bob, "/console")
@@ -297,7 +297,7 @@ def test_a_fork_from_the_payment_step_reuses_the_key_and_pays_once(
     env.sandbox.set_faults(latency_ms=3000)
     with server.signed_in("ada") as ada:
         token = csrf_of(ada, "/console")
-        fields = {"decision": "approve", "amount": request["amount"], "currency": request["currency"]}
+        fields = {"decision": "approve", "amount": request["amount"], "currency": "USD", "confirmed": "yes"}
         assert form(ada, f"/console/refunds/{refund_id}/decision", **fields, csrf=token).status_code == 303
 
         def paying() -> int | None:

@@ -87,6 +87,8 @@ def test_operator_signs_in_approves_a_pending_refund_and_watches_it_complete(
     page.screenshot(path=ARTIFACTS / f"pending-{env.backend}.png")
 
     card.get_by_role("button", name="Approve").click()
+    expect(page.locator("#confirm-question")).to_contain_text(f"Approve 4,200.00 USD for refund {refund_id}?")
+    page.get_by_role("button", name="Confirm").click()
     expect(page).to_have_url(f"{server.base_url}/console/refunds/{refund_id}?done=approve")
     expect(page.locator("#notice")).to_contain_text("Approved")
     expect(page.locator("#status")).to_have_text("Paid", timeout=60_000)  # the page refreshes until done

@@ -232,6 +232,8 @@ def test_an_approver_signs_in_at_the_providers_page_approves_a_refund_and_signs_
 
         card = page.locator(f'section.pending[data-refund="{refund_id}"]')
         card.get_by_role("button", name="Approve").click()
+        expect(page.locator("#confirm-question")).to_contain_text(f"Approve 4,200.00 USD for refund {refund_id}?")
+        page.get_by_role("button", name="Confirm").click()
         expect(page).to_have_url(f"{server.base_url}/console/refunds/{refund_id}?done=approve")
         operator = f"operator:oidc.{SUBJECTS['bob']}"
         expect(page.locator("#decision")).to_contain_text(f"approve by {operator} via console")

@@ -80,7 +80,7 @@ def _console_decision(svc: LiveService, refund_id: str) -> httpx.Response:
             data={"name": "dana", "password": DANA_PASSWORD, "csrf": csrf_of(http), "next": "/console"},
         )
         assert signed_in.status_code == 303, signed_in.text
-        fields = {"decision": "approve", "amount": "4200.00", "currency": "USD"}
+        fields = {"decision": "approve", "amount": "4200.00", "currency": "USD", "confirmed": "yes"}
         return http.post(
             f"/console/refunds/{refund_id}/decision",
             data={**fields, "csrf": csrf_of(http, f"/console/refunds/{refund_id}")},

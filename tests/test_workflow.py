@@ -132,7 +132,7 @@ def test_concurrent_approvals_record_one_decision(env: Env, client: DBOSClient) 
     assert len(env.sandbox.refunds("ch_ord_1002")) == (1 if expected == "completed" else 0)
 
 
-def test_decision_for_another_amount_is_refused(env: Env, client: DBOSClient) -> None:
+def test_decision_for_more_than_asked_or_another_currency_is_refused(env: Env, client: DBOSClient) -> None:
     refund_id = submit(client, "key-mismatch-1", "ord_1002")
     parked(client, refund_id)
     with pytest.raises(approvals.ApprovalError) as error:
@@ -142,11 +142,11 @@ def test_decision_for_another_amount_is_refused(env: Env, client: DBOSClient) ->
             decision="approve",
             approver=DANA,
             via="console",
-            amount=Decimal("42.00"),
+            amount=Decimal("4200.01"),
             currency="USD",
         )
-    assert error.value.code == "mismatch"
-    with pytest.raises(approvals.ApprovalError):
+    assert error.value.code == "above_ask"
+    with pytest.raises(approvals.ApprovalError) as error:
         approvals.decide(
             decide_here,
             refund_id=refund_id,
@@ -156,7 +156,10 @@ def test_decision_for_another_amount_is_refused(env: Env, client: DBOSClient) ->
             amount=Decimal("4200.00"),
             currency="EUR",
         )
+    assert error.value.code == "mismatch"
     assert env.sandbox.refunds("ch_ord_1002") == []
+    with app_db().engine.connect() as conn:
+        assert recorded_decision(conn, refund_id) is None
 
 
 @contextmanager

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, date, datetime
-from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any
 from urllib.parse import quote
 
@@ -97,29 +96,51 @@ def decide(
     svc: ServicesDep,
     decision: Annotated[str, Form()] = "",
     amount: Annotated[str, Form(max_length=32)] = "",
+    asked: Annotated[str, Form(max_length=32)] = "",
     currency: Annotated[str, Form(max_length=3)] = "",
+    confirmed: Annotated[str, Form(max_length=3)] = "",
     csrf: Annotated[str | None, Form()] = None,
 ) -> Response:
+    """Approve (``amount``: at most the ``asked`` amount the page showed) or reject. The first POST shows a
+    confirmation naming the amount; only the confirmation's POST (``confirmed=yes``) decides."""
     if refused := pages.guard(request, state, session, csrf, "approver"):
         return refused
     assert session is not None and session.operator is not None
     if decision not in ("approve", "reject"):
         return pages.message(request, state, session, "Not recorded", "Choose approve or reject.", 400)
+    chosen: approvals.Decision = "approve" if decision == "approve" else "reject"
+    approver = Principal("operator", session.operator)  # the signed-in operator, never a typed name
     try:
-        result = approvals.decide(
-            svc.decider,
-            refund_id=refund_id,
-            decision="approve" if decision == "approve" else "reject",
-            approver=Principal("operator", session.operator),  # the signed-in operator, never a typed name
-            via="console",
-            amount=Decimal(amount),  # what the operator saw: a decision is bound to it
-            currency=currency,
-            authority=svc.settings.approval_limits,
-        )
-    except (InvalidOperation, ValueError):
-        return pages.message(request, state, session, "Not recorded", "The form did not name an amount.", 400)
+        shown = approvals.parse_amount(asked or amount)  # what the operator saw as awaited: a decision is bound to it
+        kwargs: dict[str, Any] = {
+            "refund_id": refund_id,
+            "decision": chosen,
+            "approver": approver,
+            "amount": approvals.parse_amount(amount) if chosen == "approve" else shown,
+            "currency": currency,
+            "asked": shown,
+            "authority": svc.settings.approval_limits,
+        }
+        if confirmed != "yes":  # nothing is recorded: the operator reads what they are about to decide
+            checked = approvals.check(**kwargs)
+            if checked.standing is None:
+                page = "approve_confirm.html"
+                return pages.render(
+                    request,
+                    state,
+                    session,
+                    page,
+                    refund_id=refund_id,
+                    decision=chosen,
+                    amount=checked.amount,
+                    currency=currency,
+                    asked=checked.request,
+                )
+            result = approvals.DecisionResult(record=checked.standing, first=False)
+        else:
+            result = approvals.decide(svc.decider, via="console", **kwargs)
     except approvals.ApprovalError as error:
-        status = 403 if error.code in ("requester", "authority") else 409
+        status = {"requester": 403, "authority": 403, "invalid": 400, "above_ask": 400}.get(error.code, 409)
         return pages.message(request, state, session, "Not recorded", str(error), status)
     record = result.record
     if not result.first:  # decided before (by anyone, even the same way): nothing was recorded now

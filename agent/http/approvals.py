@@ -41,7 +41,15 @@ from steps.store import app_db, slack_deliveries
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["approvals"])
 
-_STATUS = {"nothing_pending": 409, "mismatch": 409, "expired": 410, "invalid": 422, "requester": 403, "authority": 403}
+_STATUS = {
+    "nothing_pending": 409,
+    "mismatch": 409,
+    "expired": 410,
+    "invalid": 422,
+    "above_ask": 422,
+    "requester": 403,
+    "authority": 403,
+}
 #: The link pages carry a capability in their URL: never framed, cached, or sent on as a referrer.
 PAGE_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
@@ -55,13 +63,20 @@ Decider = Annotated[ApiClient, Depends(requiring("approvals:decide"))]
 
 
 class DecisionIn(BaseModel):
-    """A decision, bound to the amount and currency the deciding client saw. Who decides is the API key's client."""
+    """A decision in the refund's currency. Who decides is the API key's client."""
 
     model_config = ConfigDict(extra="forbid")
 
     decision: Literal["approve", "reject"]
-    amount: str = Field(pattern=r"^[0-9]{1,12}(\.[0-9]{1,3})?$", examples=["4200.00"])
-    currency: str = Field(min_length=3, max_length=3, examples=["USD"])
+    amount: str | None = Field(
+        default=None,
+        pattern=r"^[0-9]{1,12}(\.[0-9]{1,3})?$",
+        examples=["4200.00"],
+        description="The amount approved: more than 0 and at most the amount the refund awaits, in whole minor "
+        "units of its currency (an approver may approve less, never more). Omitted: the amount it awaits. "
+        "A rejection is of the amount it awaits.",
+    )
+    currency: str = Field(min_length=3, max_length=3, examples=["USD"], description="The refund's currency.")
 
 
 def decide(
@@ -70,10 +85,12 @@ def decide(
     decision: approvals.Decision,
     approver: Principal,
     via: str,
-    amount: Decimal,
+    amount: Decimal | None,
     currency: str,
+    asked: Decimal | None = None,
 ) -> dict[str, Any]:
-    """Record the decision (first writer wins) and return the recorded one."""
+    """Record the decision for ``amount`` (None: the amount the refund awaits), first writer wins, and return the
+    recorded one. ``asked``: the amount the decider was shown as awaited (a link names it)."""
     try:
         result = approvals.decide(
             svc.decider,
@@ -83,6 +100,7 @@ def decide(
             via=via,
             amount=amount,
             currency=currency,
+            asked=asked,
             authority=svc.settings.approval_limits,
         )
     except approvals.ApprovalError as error:
@@ -97,10 +115,11 @@ def decide(
 
 @router.post("/refunds/{refund_id}/approval", response_model=DecisionView)
 def post_decision(refund_id: str, body: DecisionIn, svc: ServicesDep, client: Decider) -> dict[str, Any]:
-    """Approve or reject as the calling client (scope ``approvals:decide``; never the refund's requester).
-    Repeats get the recorded decision; a different one is 409."""
-    amount, currency = Decimal(body.amount), body.currency.upper()
-    return decide(svc, refund_id, body.decision, principal_of(client), "api", amount, currency)
+    """Approve (``amount``: at most the awaited amount, which is the default) or reject, as the calling client
+    (scope ``approvals:decide``; never the refund's requester). Repeats get the recorded decision; a different
+    one is 409; an amount above the awaited one, zero, or with more decimals than the currency has is 422."""
+    amount = Decimal(body.amount) if body.amount is not None else None
+    return decide(svc, refund_id, body.decision, principal_of(client), "api", amount, body.currency.upper())
 
 
 def _page(title: str, body: str, status: int = 200) -> HTMLResponse:
@@ -163,7 +182,9 @@ def approval_page(token: str, svc: ServicesDep, decision: str | None = None) -> 
     body += (
         f"<p>Reason given by the agent: {esc(str(pending.get('reason', '')))}</p>"
         f"<p>You decide as <b>{esc(str(approver))}</b>. The link expires {esc(claims.expires_at.isoformat())}.</p>"
-        f"<form method='post' action='/approve/{esc(token)}'>"
+        f"<form method='post' action='/approve/{esc(token)}'><p><label>Amount to approve ({esc(claims.currency)}) "
+        f"<input name='amount' id='amount' value='{esc(str(claims.amount))}' inputmode='decimal' size='12'></label>"
+        " (you may approve less than asked, never more)</p>"
         f"<button name='decision' value='approve'{' autofocus' if decision == 'approve' else ''}>Approve</button>"
         f"<button name='decision' value='reject'{' autofocus' if decision == 'reject' else ''}>Reject</button>"
         "</form>"
@@ -173,19 +194,28 @@ def approval_page(token: str, svc: ServicesDep, decision: str | None = None) -> 
 
 @router.post("/approve/{token}", response_class=HTMLResponse)
 def approval_form(
-    token: str, svc: ServicesDep, decision: Annotated[Literal["approve", "reject"], Form()]
+    token: str,
+    svc: ServicesDep,
+    decision: Annotated[Literal["approve", "reject"], Form()],
+    amount: Annotated[str | None, Form(max_length=32)] = None,
 ) -> HTMLResponse:
-    """The page's buttons: the decision is the link's approver's."""
+    """The page's buttons: the decision is the link's approver's; an approval may be for less than the link's
+    amount (the amount asked), never more. Without ``amount``: the amount asked."""
     try:
         claims = tokens.verify(token, svc.signing_secret)
         approver = link_approver(svc, claims)
-        record = decide(svc, claims.refund_id, decision, approver, "link", claims.amount, claims.currency)
+        approving = approvals.parse_amount(amount) if decision == "approve" and amount else None
+        args = (svc, claims.refund_id, decision, approver, "link", approving, claims.currency)
+        record = decide(*args, asked=claims.amount)
     except tokens.TokenError as error:
         status = 410 if error.code == "expired" else 401
         return _page("Approval link not valid", f"<p>{html.escape(str(error))}</p>", status)
+    except approvals.ApprovalError as error:
+        return _page("Decision not recorded", f"<p>{html.escape(str(error))}</p>", 422)
     except Problem as error:
         return _page("Decision not recorded", f"<p>{html.escape(error.detail)}</p>", error.status)
-    text = f"{record['decision']} by {record['approver']}"
+    money = format_money(Decimal(record["amount"]), record["currency"])
+    text = f"{record['decision']} for {money} by {record['approver']}"
     return _page("Decision recorded", f"<p id='decision'>{html.escape(text)}.</p>")
 
 

@@ -1,0 +1,138 @@
+"""The checks a person's decision passes before it is recorded: who may decide, which amount, in which currency.
+
+An approver may approve less than a refund asks (more than 0, whole minor units of its currency), never more;
+a rejection is of the amount asked. ``agent.approvals.decide`` runs ``check`` before it records anything, and
+the console's confirmation runs it before it asks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Literal
+
+from agent.domain import ApprovalRecord
+from agent.identity import Principal
+from steps.records import ApprovalRequest, format_money, quantize
+from steps.refunds import approval_request, recorded_decision
+from steps.store import app_db
+
+Decision = Literal["approve", "reject"]
+
+
+class ApprovalError(Exception):
+    """A decision that cannot be taken; ``code`` says why (the HTTP layer maps it to a status)."""
+
+    def __init__(self, code: str, message: str, recorded: ApprovalRecord | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.recorded = recorded
+
+
+def authority_refusal(
+    approver: Principal, amount: Decimal, currency: str, limits: Mapping[str, Mapping[str, Decimal]]
+) -> str | None:
+    """Why ``approver`` may not approve ``amount``, or None. A principal without a limit is not limited."""
+    mine = limits.get(str(approver))
+    if mine is None:
+        return None
+    most = mine.get(currency)
+    if most is None:
+        return f"{approver} has no approval authority in {currency}"
+    if amount > most:
+        most_text, approving = format_money(most, currency), format_money(amount, currency)
+        return f"{approver} may approve up to {most_text}; this approval is for {approving}"
+    return None
+
+
+def parse_amount(text: str) -> Decimal:
+    """An amount typed into a form, as a number; ``amount_refusal`` judges it against the request."""
+    try:
+        amount = Decimal(text.strip())
+    except ArithmeticError:
+        raise ApprovalError("invalid", f"{text!r} is not an amount") from None
+    if not amount.is_finite():
+        raise ApprovalError("invalid", f"{text!r} is not an amount")
+    return amount
+
+
+def amount_refusal(
+    request: ApprovalRequest, decision: Decision, amount: Decimal, currency: str
+) -> ApprovalError | None:
+    """Why a decision for ``amount`` cannot answer ``request``, or None. An approval may be for less than asked
+    (more than 0, whole minor units of the refund's currency), never more; a rejection is of the amount asked."""
+    asked = format_money(request.amount, request.currency)
+    if currency != request.currency:
+        return ApprovalError("mismatch", f"the decision is in {currency} but the refund awaits {asked}")
+    if decision == "reject" and amount != request.amount:
+        return ApprovalError("mismatch", f"the rejection is for {amount} {currency} but the refund awaits {asked}")
+    if amount <= 0:
+        return ApprovalError("invalid", f"an approval must be for more than 0 {currency}")
+    if quantize(amount, currency) != amount:
+        return ApprovalError("invalid", f"{amount} is not a whole number of {currency} minor units")
+    if amount > request.amount:
+        approving = format_money(amount, currency)
+        return ApprovalError("above_ask", f"{approving} is more than the {asked} refund {request.refund_id} awaits")
+    return None
+
+
+def requester_refusal(request: ApprovalRequest, approver: Principal) -> str | None:
+    """Why ``approver`` may not decide this refund because it asked for it, or None (separation of duties)."""
+    if request.requested_by is not None and str(approver) == request.requested_by:
+        return f"{approver} requested refund {request.refund_id}; the requester cannot decide it"
+    if approver.kind == "operator" and approver.name == request.requester_operator:
+        return (
+            f"{approver} is the operator of the client that requested refund {request.refund_id}; "
+            "the requester cannot decide it"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What a decision would answer: the request, the amount it would record, and the decision already standing."""
+
+    request: ApprovalRequest
+    amount: Decimal
+    standing: ApprovalRecord | None
+
+
+def check(
+    *,
+    refund_id: str,
+    decision: Decision,
+    approver: Principal,
+    amount: Decimal | None,
+    currency: str,
+    asked: Decimal | None = None,
+    authority: Mapping[str, Mapping[str, Decimal]] | None = None,
+    now: datetime | None = None,
+) -> Checked:
+    """Every check a decision passes before it is recorded (``decide``); the console's confirmation runs them
+    before it asks. Raises ``ApprovalError`` for a decision that cannot be taken."""
+    now = now or datetime.now(UTC)
+    with app_db().engine.connect() as conn:
+        existing = recorded_decision(conn, refund_id)
+        request = approval_request(conn, refund_id)
+    if request is None:
+        raise ApprovalError("nothing_pending", f"refund {refund_id} is not waiting for an approval")
+    if refused := requester_refusal(request, approver):
+        raise ApprovalError("requester", refused)
+    if existing is not None and existing.decision == "expired":
+        raise ApprovalError("expired", f"the approval window for refund {refund_id} has closed", existing)
+    if existing is not None:  # recorded by the refund's decision workflow, which also hands it over
+        return Checked(request, existing.amount, existing)
+    if asked is not None and asked != request.amount:
+        awaited = format_money(request.amount, request.currency)
+        raise ApprovalError("mismatch", f"the page showed {asked} {currency} but the refund awaits {awaited}")
+    amount = request.amount if amount is None else amount
+    if refused_amount := amount_refusal(request, decision, amount, currency):
+        raise refused_amount
+    amount = quantize(amount, currency)  # 4200.000 USD is recorded as 4200.00
+    if decision == "approve" and (refused := authority_refusal(approver, amount, currency, authority or {})):
+        raise ApprovalError("authority", refused)
+    if now >= request.expires_at:
+        raise ApprovalError("expired", f"the approval window for refund {refund_id} has closed")
+    return Checked(request, amount, None)
