@@ -188,6 +188,7 @@ def refund_status(
         "approval": {
             "request": _request(request) if request else None,
             "decision": decision.decision if decision else None,
+            "approved_amount": str(decision.amount) if decision and decision.decision == "approve" else None,
             "approver": decision.approver if decision else None,
             "via": decision.via if decision else None,
             "decided_at": rfc3339(decision.decided_at) if decision else None,

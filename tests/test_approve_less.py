@@ -100,6 +100,13 @@ def test_an_api_approval_of_less_is_paid_once_for_that_amount_and_the_customer_i
         again = decide()  # a repeat (for the awaited amount by default) gets the first decision back
         assert again.status_code == 200 and (again.json()["amount"], again.json()["first"]) == ("3000.00", False)
     paid_once(env, client, refund_id, 300_000)
+    with httpx.Client(base_url=server.base_url, timeout=30, headers=auth) as http:
+        approval = http.get(f"/refunds/{refund_id}").json()["approval"]
+    assert (approval["decision"], approval["approved_amount"], approval["request"]["amount"]) == (
+        "approve",
+        "3000.00",
+        "4200.00",
+    )
     [message] = told(refund_id)
     assert "3,000.00 USD" in message and "4,200.00" not in message
     entry = decided_entry(refund_id)

@@ -106,6 +106,7 @@ def test_each_phase_reads_in_plain_words_with_only_the_actions_that_make_sense(
         assert line is not None and line.group(1).startswith("Paid 42.00 USD on ")
         assert line.group(1).endswith(f" UTC \u2014 provider refund {provider_refund['id']}")
         assert 'id="paid"' not in pages[refused] + pages[expired] + pages[waiting]
+        assert "expired: nobody decided before the deadline" in pages[expired]
         # Admin actions only where they make sense, and the others said in plain words.
         assert {r: offered(ada, r) for r in (paid, refused, expired, waiting)} == {
             paid: set(),
@@ -143,7 +144,10 @@ def test_the_audit_log_across_refunds_filters_by_refund_actor_event_and_date(
     assert wait_for_outcome(client, second)["status"] == "completed"
     with server.signed_in("bob") as bob:
         fields = {"amount": request["amount"], "currency": request["currency"], "csrf": csrf_of(bob, "/console")}
-        assert form(bob, f"/console/refunds/{first}/decision", decision="reject", **fields).status_code == 303
+        assert (
+            form(bob, f"/console/refunds/{first}/decision", decision="reject", confirmed="yes", **fields).status_code
+            == 303
+        )
     assert wait_for_outcome(client, first)["status"] == "rejected"
     today = datetime.now(UTC).date()
     with server.signed_in("vic") as vic:  # a viewer reads the log

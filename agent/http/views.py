@@ -85,6 +85,9 @@ class ApprovalView(View):
 
     request: ApprovalRequestView | None = Field(description="what was asked; pending while `decision` is null")
     decision: Literal["approve", "reject", "expired"] | None
+    approved_amount: Money | None = Field(
+        description="what was approved, in the request's currency (at most the request's amount); null unless approved"
+    )
     approver: str | None
     via: str | None = Field(description="console, link, api, cli, slack:<team>/<user> or deadline")
     decided_at: Timestamp | None
