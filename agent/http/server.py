@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import re
@@ -207,4 +208,6 @@ def serve(settings: Settings | None = None, *, worker: bool = True) -> None:
         **UVICORN_PROXY_OPTIONS,
         log_config=startup.uvicorn_log_config(settings),
     )
-    startup.Server(config, app=app, settings=settings).run()
+    # Ctrl-C: uvicorn drains, then re-raises the signal as KeyboardInterrupt; uvicorn.run() ends quietly the same way.
+    with contextlib.suppress(KeyboardInterrupt):
+        startup.Server(config, app=app, settings=settings).run()
