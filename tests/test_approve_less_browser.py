@@ -52,7 +52,7 @@ def test_an_approver_approves_a_lower_amount_through_the_confirmation_and_exactl
     page.screenshot(path=ARTIFACTS / f"approve-less-confirm-{env.backend}.png", full_page=True)
     page.get_by_role("button", name="Confirm").click()
     expect(page).to_have_url(f"{server.base_url}/console/refunds/{refund_id}?done=approve")
-    expect(page.locator("#status")).to_have_text("completed", timeout=60_000)  # the page refreshes until done
+    expect(page.locator("#status")).to_have_text("Paid", timeout=60_000)  # the page refreshes until done
     expect(page.locator("#decision")).to_contain_text("approve by operator:bob via console")
     expect(page.locator("#decision")).to_contain_text("3,100.00 USD approved of the 4,200.00 USD asked")
     expect(page.locator("#audit")).to_contain_text("asked_amount: 4200.00")

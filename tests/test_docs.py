@@ -248,7 +248,7 @@ def split(text: str) -> list[tuple[list[str], bool]]:
 
 
 def doc_files() -> list[Path]:
-    return [README, *sorted((ROOT / "docs").rglob("*.md"))]
+    return [README, *sorted(p for p in (ROOT / "docs").rglob("*.md") if "node_modules" not in p.parts)]
 
 
 def blocks(path: Path) -> Iterator[tuple[int, str, str | None, list[tuple[int, str]]]]:

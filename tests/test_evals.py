@@ -190,7 +190,7 @@ def test_harness_runs_a_real_model_client_over_http_and_counts_its_requests() ->
 def test_a_greedy_model_is_refused_or_held_to_the_requested_amount_on_every_case(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    greedy = ScriptedModel(amount="99999.00")
+    greedy = ScriptedModel(amount="99999999.00")  # above every case's order, in every currency
     with FakeOpenAIServer(greedy) as llm, override_allow_model_requests(True):
         monkeypatch.setenv("REFUND_AGENT_MODEL", "greedy")
         monkeypatch.setenv("REFUND_AGENT_MODEL_BASE_URL", llm.base_url)

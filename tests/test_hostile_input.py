@@ -51,7 +51,7 @@ MALFORMED: list[tuple[str, bytes, str | None, int]] = [
     ("XML", b"<refund><order_id>ord_1001</order_id></refund>", "application/xml", 415),
     ("multipart", b"--x\r\n\r\n--x--", "multipart/form-data; boundary=x", 415),
     ("no content type", json.dumps(OK).encode(), None, 415),
-    ("form instead of JSON", urlencode(OK | {"amount": "", "currency": ""}).encode(), FORM, 422),
+    ("form instead of JSON", urlencode(OK | {"amount": "", "currency": ""}).encode(), FORM, 415),
     ("oversized", json.dumps(OK | {"message": "x" * 70_000}).encode(), JSON, 413),
 ]
 

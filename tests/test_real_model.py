@@ -101,7 +101,7 @@ def test_a_model_that_asks_for_too_much_is_stopped_by_policy(env: Env) -> None:
     greedy = ScriptedModel(amount="10000.00")  # at the absolute cap, far above the order's 42.00
     outcome, _ = run_refund(env, greedy, "ord_1001", "real-model-greedy")
     assert outcome["status"] == "rejected"
-    assert "amount 10000.00 exceeds the refundable 42.00 USD" in outcome["detail"]
+    assert "amount 10,000.00 USD exceeds the refundable 42.00 USD" in outcome["detail"]
     assert "cap" not in outcome["detail"]
     assert env.sandbox.refunds() == []
 
@@ -110,7 +110,7 @@ def test_a_model_that_asks_for_more_than_the_cap_is_stopped_by_the_cap(env: Env)
     greedy = ScriptedModel(amount="10000.01")
     outcome, _ = run_refund(env, greedy, "ord_1001", "real-model-greedier")
     assert outcome["status"] == "rejected"
-    assert "amount 10000.01 is above the absolute cap of 10000.00 USD" in outcome["detail"]
+    assert "amount 10,000.01 USD is above the absolute cap of 10,000.00 USD" in outcome["detail"]
     assert env.sandbox.refunds() == []
 
 

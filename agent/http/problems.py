@@ -80,6 +80,14 @@ def _validation_detail(error: RequestValidationError, body: bytes) -> str:
     return "; ".join(parts) or "invalid request"
 
 
+async def _body(request: Request) -> bytes:
+    """The request's body, to place a JSON error; a form the endpoint already read has none to give (b"")."""
+    try:
+        return await request.body()
+    except RuntimeError:  # starlette: "Stream consumed" after form parsing
+        return b""
+
+
 def _form_sent_for_json(request: Request, error: RequestValidationError) -> bool:
     """A form (or nothing JSON) posted to an endpoint whose body is a JSON object."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -103,7 +111,7 @@ def install(app: FastAPI) -> None:
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
         if _form_sent_for_json(request, exc):
             return problem(415, JSON_ONLY)
-        return problem(422, _validation_detail(exc, await request.body()))
+        return problem(422, _validation_detail(exc, await _body(request)))
 
     def unavailable(request: Request, transient: str) -> Response:
         log.warning("database unavailable (%s) on %s %s", transient, request.method, request.url.path)

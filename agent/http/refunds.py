@@ -149,7 +149,8 @@ def _with_links(svc: Services, client: ApiClient, status: dict[str, Any]) -> dic
     return status
 
 
-@router.get("/refunds/{refund_id}", response_model=RefundView, tags=["refunds"])
+# exclude_unset: the approval's token and links are absent (not null) for a client that may not decide the refund
+@router.get("/refunds/{refund_id}", response_model=RefundView, response_model_exclude_unset=True, tags=["refunds"])
 def get_refund(refund_id: str, svc: ServicesDep, client: Reader) -> dict[str, Any]:
     """Status, amounts, approval, payment and the DBOS step timeline of one refund.
 
