@@ -15,7 +15,7 @@ from typing import Literal
 
 from agent.domain import ApprovalRecord
 from agent.identity import Principal
-from steps.records import ApprovalRequest, format_money, quantize
+from steps.records import ApprovalRequest, format_money, minor_unit_problem, quantize
 from steps.refunds import approval_request, recorded_decision
 from steps.store import app_db
 
@@ -72,6 +72,8 @@ def amount_refusal(
         return ApprovalError("invalid", f"an approval must be for more than 0 {currency}")
     if quantize(amount, currency) != amount:
         return ApprovalError("invalid", f"{amount} is not a whole number of {currency} minor units")
+    if problem := minor_unit_problem(amount, currency):  # what the provider would refuse (KWD in 0.010 steps)
+        return ApprovalError("invalid", problem)
     if amount > request.amount:
         approving = format_money(amount, currency)
         return ApprovalError("above_ask", f"{approving} is more than the {asked} refund {request.refund_id} awaits")

@@ -220,6 +220,16 @@ def test_a_three_decimal_order_round_trips_through_policy_payment_and_display(en
     assert verdict_reasons(large) == ["amount is above the auto-approve limit of 30.000 KWD"]
     waiting = [p for p in pending_approvals(client, datetime.now(UTC)) if p["refund_id"] == large]
     assert [p["money"] for p in waiting] == ["40.000 KWD"]
+    with pytest.raises(approvals.ApprovalError, match=r"steps of 0\.010 KWD"):  # Stripe would refuse 39995 fils
+        approvals.decide(
+            decide_here,
+            refund_id=large,
+            decision="approve",
+            approver=DANA,
+            via="console",
+            amount=Decimal("39.995"),
+            currency="KWD",
+        )
     decided = approvals.decide(
         decide_here,
         refund_id=large,
