@@ -22,7 +22,7 @@ from agent.settlement import settlement_prefix
 from steps.notify import customer_message
 from steps.records import from_minor
 from steps.refunds import approval_request, recorded_decision
-from steps.store import app_db, refunds
+from steps.store import app_db, refunds, utc
 
 if TYPE_CHECKING:
     from agent.settings import ModelPrice
@@ -34,8 +34,7 @@ FINAL = ("completed", "rejected", "failed", "cancelled")
 
 def rfc3339(moment: datetime) -> str:
     """RFC 3339 in UTC with ``Z``, the one form the API and the CLI give times in (no zone stored: UTC)."""
-    moment = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
-    return moment.isoformat().replace("+00:00", "Z")
+    return utc(moment).isoformat().replace("+00:00", "Z")
 
 
 def _ms(value: int | None) -> str | None:

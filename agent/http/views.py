@@ -5,20 +5,15 @@ Timestamps are RFC 3339 in UTC with a ``Z`` (``2026-12-02T14:03:11.52Z``) everyw
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from agent.claims import ClaimView
+from steps.store import utc
 
-
-def _utc(moment: datetime) -> datetime:
-    """A stored time without a zone is UTC (SQLite keeps none)."""
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
-
-
-Timestamp = Annotated[datetime, AfterValidator(_utc)]
+Timestamp = Annotated[datetime, AfterValidator(utc)]  # a stored time without a zone is UTC (SQLite keeps none)
 Money = Annotated[str, Field(description="a decimal string in the currency's minor units", examples=["42.00"])]
 Status = Literal[
     "received", "deciding", "awaiting_approval", "paying", "settling", "completed", "rejected", "failed", "cancelled"
