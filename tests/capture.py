@@ -18,8 +18,9 @@ class CaptureServer(ThreadedServer):
 
         @app.post("/{path:path}")
         async def record(path: str, request: Request) -> dict[str, bool]:
+            body = await request.json()  # never await while holding the lock: a second post would block the loop
             with self.lock:
-                self.posts.append((path, await request.json()))
+                self.posts.append((path, body))
             return {"ok": True}
 
         super().__init__(app)
