@@ -59,6 +59,8 @@ _PLAIN: tuple[tuple[str, str], ...] = (
     ("absolute cap", "the amount is more than we can refund for a single request"),
     ("the customer asked for", "the amount is more than you asked for"),
     ("the approval is for", "the amount differs from the one that was approved"),
+    ("is finer than", "the amount has more decimal places than its currency allows"),
+    ("refunds move in steps of", "the amount cannot be paid out exactly in its currency"),
 )
 _GENERAL = "it is outside our refund policy"
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 import pytest
 
 from agent import replies
-from steps.records import format_money
+from agent.policy import Limits, decide, recheck
+from steps.records import Order, format_money
 
 #: Words that tell a customer someone is still looking at the refund: never in a message about a refusal.
 REVIEWING = re.compile(r"review|approval|get back to you|our team|look into|pending", re.I)
@@ -50,6 +53,61 @@ def test_a_refusal_says_why_in_plain_words_and_never_that_it_is_reviewed(reason:
     assert not REVIEWING.search(text)
     for jargon in ("absolute cap", "auto-approve", "refundable", "re-check", "refuse:"):
         assert jargon not in text
+
+
+NOW = datetime(2026, 11, 1, tzinfo=UTC)
+LIMITS = Limits(auto_approve=Decimal("100.00"), absolute_cap=Decimal("10000.00"), window_days=30)
+
+
+def _order(
+    *, status: str = "paid", days: int = 5, captured: str = "500.00", refunded: str = "0", currency: str = USD
+) -> Order:
+    return Order(
+        order_id="ord_x",
+        customer_id="cus_x",
+        customer_name="X",
+        currency=currency,
+        amount_captured=Decimal(captured),
+        amount_refunded=Decimal(refunded),
+        status=status,  # type: ignore[arg-type]
+        paid_at=NOW - timedelta(days=days),
+        charge_id="ch_x",
+        items=["thing"],
+    )
+
+
+POLICY_REFUSALS = [
+    # (what policy is given, the customer's words its refusal must come out as)
+    ({"order": _order(status="disputed"), "amount": "10.00"}, "a dispute about this payment is open"),
+    ({"order": _order(status="unpaid"), "amount": "10.00"}, "has not been paid"),
+    ({"order": _order(days=45), "amount": "10.00"}, "past the period in which we can refund it"),
+    ({"order": _order(refunded="500.00"), "amount": "10.00"}, "already been refunded in full"),
+    ({"order": _order(), "amount": "10.00", "currency": "EUR"}, "only be made in the order's currency"),
+    ({"order": _order(refunded="490.00"), "amount": "50.00"}, "more than what is left to refund"),
+    ({"order": _order(captured="20000.00"), "amount": "12000.00"}, "more than we can refund for a single request"),
+    ({"order": _order(), "amount": "10.005"}, "more decimal places than its currency allows"),
+    ({"order": _order(currency="KWD"), "amount": "10.005", "currency": "KWD"}, "cannot be paid out exactly"),
+    ({"order": _order(), "amount": "80.00", "requested": "50.00", "recheck": True}, "more than you asked for"),
+]
+
+
+@pytest.mark.parametrize(("given", "plain"), POLICY_REFUSALS)
+def test_each_refusal_policy_gives_reads_in_its_own_plain_words(given: dict[str, Any], plain: str) -> None:
+    """Driven by policy itself, so a reworded reason fails here instead of falling back to the general sentence."""
+    judge = recheck if given.get("recheck") else decide
+    requested = Decimal(given["requested"]) if "requested" in given else None
+    verdict = judge(
+        amount=Decimal(given["amount"]),
+        currency=given.get("currency", given["order"].currency),
+        order=given["order"],
+        as_of=NOW,
+        limits=LIMITS,
+        requested=requested,
+    )
+    assert verdict.kind == "refuse"
+    said = replies.plain_reasons(verdict.reasons)
+    assert plain in said[0], (verdict.reasons, said)
+    assert "it is outside our refund policy" not in said
 
 
 def test_a_refusal_names_each_plain_reason_once() -> None:
