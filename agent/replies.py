@@ -1,8 +1,10 @@
 """What the customer is told: composed from how the refund ended, never from what the model hoped would happen.
 
-A refund sends its customer one message (steps/notify.py keys it by refund), when it ends: paid, refused,
-not decided in time (expired), or not found. While it waits for a person or for the provider nothing is sent,
-so the one message is always about the outcome. Where the evidence decided, policy's own note is the message.
+A refund sends its customer one message about its outcome (steps/notify.py keys it by refund), when it ends:
+paid, refused, not decided in time (expired), or not found. Before that, a refund that waits for a person sends
+one more (``waiting``): a person must confirm it, and by when the customer will hear from us (the approval's
+deadline, when an expiry would end it). While it waits for the provider nothing is sent. Where the evidence
+decided, policy's own note is the message.
 
 The model's draft (``RefundProposal.customer_reply``) is sent only when it fits the outcome: the refund was paid
 at once (``auto_approve``), and the draft names the amount paid, says the money is refunded, and promises no
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 
 from steps.records import format_money
@@ -27,6 +30,7 @@ __all__ = [
     "plain_reasons",
     "refused",
     "rejected_by_person",
+    "waiting",
 ]
 
 ANOTHER_LOOK = "Reply to this message if you would like us to take another look."
@@ -89,6 +93,19 @@ def refused(amount: Decimal, currency: str, reasons: Iterable[str]) -> str:
     why = "; ".join(plain_reasons(reasons))
     money = format_money(amount, currency)
     return f"We are sorry: we cannot refund {money} on this order because {why}. {ANOTHER_LOOK}"
+
+
+def waiting(amount: Decimal, currency: str, by: datetime) -> str:
+    """Parked for a person: nothing is decided yet, and the customer hears from us again by ``by`` (the deadline
+    at which, undecided, the refund expires and they are told so)."""
+    at = by.astimezone(UTC)
+    at = at.replace(second=0, microsecond=0) + (
+        timedelta(minutes=1) if (at.second, at.microsecond) != (0, 0) else timedelta()
+    )
+    return (
+        f"We have received your request for a refund of {format_money(amount, currency)}. A member of our team "
+        f"needs to confirm it before it is sent; you will hear from us again by {at.day} {at:%b %Y %H:%M} UTC."
+    )
 
 
 def rejected_by_person(amount: Decimal, currency: str) -> str:

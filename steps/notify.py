@@ -6,13 +6,13 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 import sqlalchemy as sa
 from dbos import DBOS
 from slack_sdk.webhook import WebhookClient
 
-from steps.store import insert_if_absent, outbox, refunds, session, transaction, utc
+from steps.store import insert_if_absent, orders, outbox, refunds, session, transaction, utc
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,15 @@ def queue_operator_alert(refund_id: str, *, kind: str, text: str) -> None:
 
 
 @transaction("notify.approvers")
-def notify_approvers_step(refund_id: str, *, kind: str, messages: Mapping[str, str]) -> int:
-    return queue_approvers_messages(refund_id, kind=kind, messages=messages)
+def notify_approvers_step(
+    refund_id: str, *, kind: str, messages: Mapping[str, str], customer_text: str | None = None
+) -> int:
+    """Ask the approvers and, with ``customer_text``, tell the customer their refund waits for a person: both in
+    one transaction, so a customer is never told of a request no approver was sent."""
+    queued = queue_approvers_messages(refund_id, kind=kind, messages=messages)
+    if customer_text is not None:
+        queue_customer_message(refund_id, CustomerMessage(customer_of(refund_id), customer_text), about="waiting")
+    return queued
 
 
 @dataclass(frozen=True)
@@ -82,17 +89,43 @@ class CustomerMessage:
     text: str
 
 
-def queue_customer_message(refund_id: str, message: CustomerMessage) -> None:
-    """Queue the refund's one message to its customer in the caller's transaction."""
-    _queue(f"{refund_id}:customer", refund_id, "email", message.customer_id, message.text)
+#: What a customer message is about: the refund's outcome (one per refund), or that it waits for a person.
+CustomerAbout = Literal["outcome", "waiting"]
+
+
+def _customer_key(refund_id: str, about: CustomerAbout) -> str:
+    return f"{refund_id}:customer" if about == "outcome" else f"{refund_id}:customer:{about}"
+
+
+def customer_of(refund_id: str) -> str:
+    """The refund's customer (through its order), in the caller's transaction; ``unknown`` without one."""
+    customer = (
+        session()
+        .execute(
+            sa.select(orders.c.customer_id)
+            .join(refunds, refunds.c.order_id == orders.c.order_id)
+            .where(refunds.c.refund_id == refund_id)
+        )
+        .scalar_one_or_none()
+    )
+    return customer or "unknown"
+
+
+def queue_customer_message(refund_id: str, message: CustomerMessage, *, about: CustomerAbout = "outcome") -> None:
+    """Queue a message to the refund's customer in the caller's transaction: at most one per refund and ``about``."""
+    _queue(_customer_key(refund_id, about), refund_id, "email", message.customer_id, message.text)
 
 
 def customer_message(conn: sa.Connection, refund_id: str) -> dict[str, str] | None:
-    """The message the refund's customer was sent (its one outbox row) and when; None before it ends."""
-    row = conn.execute(
-        sa.select(outbox.c.body, outbox.c.created_at).where(outbox.c.message_key == f"{refund_id}:customer")
-    ).first()
-    return None if row is None else {"text": row.body, "sent_at": utc(row.created_at).isoformat()}
+    """The last message the refund's customer was sent, when, and what it was about (the outcome once there is
+    one, else that it waits for a person); None before any."""
+    for about in ("outcome", "waiting"):
+        row = conn.execute(
+            sa.select(outbox.c.body, outbox.c.created_at).where(outbox.c.message_key == _customer_key(refund_id, about))
+        ).first()
+        if row is not None:
+            return {"text": row.body, "sent_at": utc(row.created_at).isoformat(), "about": about}
+    return None
 
 
 @transaction("notify.customer")

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict
 
 from steps import audit
-from steps.notify import CustomerMessage, queue_approvers_messages, queue_customer_message
+from steps.notify import CustomerMessage, customer_of, queue_approvers_messages, queue_customer_message
 from steps.orders import ORDER_QUERY, order_from_row
 from steps.records import (
     ApprovalRecord,
@@ -509,16 +509,7 @@ def _record_outcome(
     _touch(refund_id, now, status=status, reserved_amount_minor=None, **values)  # whatever was held is released
     audit.append(session(), refund_id=refund_id, event=f"refund_{status}", payload={"detail": detail}, now=now)
     if reply is not None:
-        customer = (
-            session()
-            .execute(
-                sa.select(orders.c.customer_id)
-                .join(refunds, refunds.c.order_id == orders.c.order_id)
-                .where(refunds.c.refund_id == refund_id)
-            )
-            .scalar_one_or_none()
-        )
-        queue_customer_message(refund_id, CustomerMessage(customer_id=customer or "unknown", text=reply))
+        queue_customer_message(refund_id, CustomerMessage(customer_id=customer_of(refund_id), text=reply))
 
 
 @transaction("refunds.record_outcome")

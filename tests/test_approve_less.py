@@ -43,9 +43,10 @@ def decisions() -> list[tuple[str, int]]:
 
 
 def told(refund_id: str) -> list[str]:
-    """What the customer was sent about the refund (the outbox's e-mail)."""
+    """What the customer was sent about the refund's outcome (the outbox's e-mail; the waiting notice before it
+    is not about the amount approved)."""
     with app_db().engine.connect() as conn:
-        query = sa.select(outbox.c.body).where(outbox.c.refund_id == refund_id, outbox.c.channel == "email")
+        query = sa.select(outbox.c.body).where(outbox.c.message_key == f"{refund_id}:customer")
         return [str(body) for body in conn.execute(query).scalars()]
 
 

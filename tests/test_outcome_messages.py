@@ -4,6 +4,7 @@ was sent is what GET /refunds/{id} and the console show (real workflows, the off
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 from dbos import DBOSClient
 
-from agent import approvals
+from agent import approvals, replies
 from agent.approval_workflows import decide_here
 from agent.console.data import refund_detail
 from agent.ops.processes import wait_for
@@ -23,20 +24,37 @@ from tests.test_replies import REVIEWING
 from tests.test_workflow import parked, result, running, submit
 
 
-def emails(refund_id: str) -> list[str]:
-    """What the refund's customer was sent (the outbox's email channel)."""
+def emails(refund_id: str, *, key: str | None = None) -> list[str]:
+    """What the refund's customer was sent (the outbox's email channel), in order; with ``key``, that one only."""
     with app_db().engine.connect() as conn:
         query = sa.select(outbox.c.body).where(outbox.c.refund_id == refund_id, outbox.c.channel == "email")
-        return [str(body) for body in conn.execute(query).scalars()]
+        if key is not None:
+            query = query.where(outbox.c.message_key == key)
+        return [str(body) for body in conn.execute(query.order_by(outbox.c.id)).scalars()]
 
 
 def told(client: DBOSClient, refund_id: str) -> str:
-    """The refund's one message to its customer, once it has ended; the API shows that same message."""
+    """The refund's one message about its outcome, once it has ended; the API shows that same message."""
     outcome = result(client, refund_id)
     assert outcome["status"] in FINAL
-    [sent] = wait_for(lambda: emails(refund_id) or None, timeout=30, what=f"the message of {refund_id}")
+    key = f"{refund_id}:customer"
+    [sent] = wait_for(lambda: emails(refund_id, key=key) or None, timeout=30, what=f"the message of {refund_id}")
     shown = refund_status(client, refund_id)
     assert shown is not None and shown["customer_message"]["text"] == sent and shown["customer_message"]["sent_at"]
+    assert shown["customer_message"]["about"] == "outcome"
+    return sent
+
+
+def told_to_wait(client: DBOSClient, refund_id: str) -> str:
+    """The message a parked refund's customer was sent: a person must confirm it, and by when they hear again."""
+    waiting = refund_status(client, refund_id)
+    assert waiting is not None and waiting["customer_message"] is not None
+    assert waiting["customer_message"]["about"] == "waiting"
+    [sent] = emails(refund_id)  # the only one while it waits
+    assert waiting["customer_message"]["text"] == sent
+    request = waiting["approval"]["request"]  # by when: the approval's deadline (the wording: test_replies.py)
+    expires = datetime.fromisoformat(request["expires_at"])
+    assert sent == replies.waiting(Decimal(request["amount"]), request["currency"], expires)
     return sent
 
 
@@ -69,14 +87,19 @@ def test_an_open_dispute_tells_the_customer_the_dispute_decides(env: Env, client
     assert "dispute" in sent and not REVIEWING.search(sent)
 
 
-def test_a_parked_refund_has_sent_nothing_then_a_person_s_no_is_told_plainly(env: Env, client: DBOSClient) -> None:
+def test_a_parked_refund_tells_the_customer_by_when_then_a_person_s_no_is_told_plainly(
+    env: Env, client: DBOSClient
+) -> None:
     refund_id = submit(client, "told-reject-001", "ord_1002", "Everything arrived broken.")
     parked(client, refund_id)
-    waiting = refund_status(client, refund_id)
-    assert waiting is not None and waiting["customer_message"] is None  # nothing is sent while it waits
+    waiting = told_to_wait(client, refund_id)
+    assert "4,200.00 USD" in waiting and "cannot refund" not in waiting
+    page = refund_detail(client, refund_id)
+    assert page is not None and page["customer_message"]["text"] == waiting
     approvals.decide_pending(decide_here, refund_id=refund_id, decision="reject", approver=DANA, via="console")
     sent = told(client, refund_id)
     assert "decided not to refund 4,200.00 USD" in sent and not REVIEWING.search(sent)
+    assert emails(refund_id) == [waiting, sent]  # the waiting notice, then the outcome: nothing else
 
 
 def test_a_re_check_that_refuses_before_paying_is_told_plainly(env: Env, client: DBOSClient) -> None:
@@ -103,6 +126,8 @@ def test_an_expired_approval_tells_the_customer_no_one_confirmed_it_in_time(env:
         refund_id = submit(client, "told-expired-01", "ord_1009")
         sent = told(client, refund_id)
         assert "could not confirm your refund" in sent and not REVIEWING.search(sent)
+        [waiting, outcome] = emails(refund_id)  # told by when, then told at that time that it expired
+        assert "you will hear from us again by" in waiting and outcome == sent
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
@@ -117,6 +117,22 @@ def test_a_refusal_names_each_plain_reason_once() -> None:
         "the amount is more than what is left to refund on this order",
     ]
     assert replies.plain_reasons([]) == ["it is outside our refund policy"]
+
+
+@pytest.mark.parametrize(
+    ("due", "shown"),
+    [
+        (datetime(2026, 12, 6, 14, 5, 0, tzinfo=UTC), "by 6 Dec 2026 14:05 UTC"),
+        (datetime(2026, 12, 6, 14, 5, 0, 1, tzinfo=UTC), "by 6 Dec 2026 14:06 UTC"),  # never a minute early
+        (datetime(2026, 12, 31, 23, 59, 30, tzinfo=UTC), "by 1 Jan 2027 00:00 UTC"),
+        (datetime(2026, 12, 6, 9, 5, tzinfo=timezone(timedelta(hours=-5))), "by 6 Dec 2026 14:05 UTC"),
+    ],
+)
+def test_a_parked_refund_is_told_a_person_confirms_it_and_by_when_it_hears_again(due: datetime, shown: str) -> None:
+    text = replies.waiting(Decimal("4200.00"), USD, due)
+    assert "4,200.00 USD" in text and "needs to confirm it" in text
+    assert f"you will hear from us again {shown}." in text
+    assert "cannot refund" not in text and "has been approved and sent" not in text
 
 
 @pytest.mark.parametrize(

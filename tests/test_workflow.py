@@ -95,8 +95,15 @@ def test_large_refund_waits_for_approval_then_pays(env: Env, client: DBOSClient)
     assert result(client, refund_id)["status"] == "completed"
     assert len(env.sandbox.refunds("ch_ord_1002")) == 1
     with app_db().engine.connect() as conn:
-        channels = [r.channel for r in conn.execute(sa.select(outbox).where(outbox.c.refund_id == refund_id))]
-    assert channels == ["approvers", "email"]
+        sent = conn.execute(sa.select(outbox).where(outbox.c.refund_id == refund_id).order_by(outbox.c.id)).all()
+    keys = [r.message_key for r in sent]
+    # the approvers asked and the customer told it waits (one step), then the customer told what was paid
+    assert keys == [
+        f"{refund_id}:approvers:request:admin",
+        f"{refund_id}:customer:waiting",
+        f"{refund_id}:customer",
+    ]
+    assert [r.channel for r in sent] == ["approvers", "email", "email"]
 
 
 def test_concurrent_approvals_record_one_decision(env: Env, client: DBOSClient) -> None:

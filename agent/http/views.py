@@ -151,7 +151,10 @@ class SentMessage(View):
     text: str
     """The message, as sent."""
     sent_at: Timestamp
-    """When it was written to the outbox, with the refund's outcome."""
+    """When it was written to the outbox: with the refund's outcome, or when the refund was parked for a person."""
+    about: Literal["outcome", "waiting"]
+    """``outcome``: how the refund ended (paid, refused, rejected, expired); ``waiting``: that a person must confirm
+    it, and by when the customer hears from us again."""
 
 
 class RefundView(View):
@@ -169,8 +172,8 @@ class RefundView(View):
     customer_reply: str | None
     """The model's draft reply; sent only when it fits a refund paid at once (what was sent: ``customer_message``)."""
     customer_message: SentMessage | None
-    """What the customer was sent, composed from the outcome; null until the refund ends (nothing is sent while
-    it waits)."""
+    """The last message the customer was sent: about the outcome once the refund ended, before that about its
+    waiting for a person; null before any (nothing is sent while a refund is decided, paid or settled)."""
     model: str | None
     claim: ClaimView
     """The claim's category and the evidence the agent looked up (ticket comments never: customer data)."""
