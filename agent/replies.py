@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
 
-from steps.records import format_money
+from steps.records import format_moment, format_money
 
 __all__ = [
     "draft_fits",
@@ -33,6 +33,7 @@ __all__ = [
     "waiting",
 ]
 
+ZERO = timedelta()
 ANOTHER_LOOK = "Reply to this message if you would like us to take another look."
 #: A draft that speaks of a review, an approval or a wait is not about a refund paid at once.
 _PENDING = re.compile(
@@ -98,13 +99,10 @@ def refused(amount: Decimal, currency: str, reasons: Iterable[str]) -> str:
 def waiting(amount: Decimal, currency: str, by: datetime) -> str:
     """Parked for a person: nothing is decided yet, and the customer hears from us again by ``by`` (the deadline
     at which, undecided, the refund expires and they are told so)."""
-    at = by.astimezone(UTC)
-    at = at.replace(second=0, microsecond=0) + (
-        timedelta(minutes=1) if (at.second, at.microsecond) != (0, 0) else timedelta()
-    )
+    rounded_up = by.replace(second=0, microsecond=0) + (timedelta(minutes=1) if by.second or by.microsecond else ZERO)
     return (
         f"We have received your request for a refund of {format_money(amount, currency)}. A member of our team "
-        f"needs to confirm it before it is sent; you will hear from us again by {at.day} {at:%b %Y %H:%M} UTC."
+        f"needs to confirm it before it is sent; you will hear from us again by {format_moment(rounded_up)}."
     )
 
 

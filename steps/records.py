@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any, Literal
 
@@ -98,6 +98,12 @@ def format_money(amount: Decimal, currency: str) -> str:
     """Money the one way the product shows it (``MONEY_PATTERN``), rounded half up to the currency's minor unit."""
     shown = format_currency(quantize(amount, currency), currency, format=MONEY_PATTERN, locale=MONEY_LOCALE)
     return shown.replace("\u00a0", " ")
+
+
+def format_moment(at: datetime) -> str:
+    """A moment the one way people are shown it in words (replies, the console's paid line): 3 Dec 2026 14:05 UTC."""
+    at = at.astimezone(UTC)
+    return f"{at.day} {at:%b %Y %H:%M} UTC"
 
 
 class Record(BaseModel):

@@ -15,7 +15,7 @@ from agent.console.phases import PHASES, phase_of, where_phase
 from agent.status import refund_status, speaking, step_timeline, workflows_of
 from steps import audit
 from steps.payments import idempotency_key
-from steps.records import AuditEntry, format_money, from_minor
+from steps.records import AuditEntry, format_moment, format_money, from_minor
 from steps.store import app_db, approval_decisions, approval_requests, customers, orders, refunds, utc
 
 if TYPE_CHECKING:
@@ -145,12 +145,6 @@ def list_refunds(flt: RefundFilter) -> tuple[list[dict[str, Any]], bool]:
     return items, len(rows) > PAGE_SIZE
 
 
-def day_and_time(at: datetime) -> str:
-    """A moment as a support lead reads it: 3 Dec 2026 14:05 UTC."""
-    at = at.astimezone(UTC)
-    return f"{at.day} {at:%b %Y %H:%M} UTC"
-
-
 def paid_line(entries: list[AuditEntry]) -> str | None:
     """What was paid, when, and under which provider refund, from the refund's last ``refund_paid`` entry."""
     paid = next((e for e in reversed(entries) if e.event == "refund_paid"), None)
@@ -158,7 +152,7 @@ def paid_line(entries: list[AuditEntry]) -> str | None:
         return None
     money = format_money(Decimal(str(paid.payload["amount"])), str(paid.payload["currency"]))
     provider_refund = paid.payload["provider_refund_id"]
-    return f"Paid {money} on {day_and_time(paid.created_at)} — provider refund {provider_refund}"
+    return f"Paid {money} on {format_moment(paid.created_at)} — provider refund {provider_refund}"
 
 
 #: The phases in which a refund waits on a timer (a deadline, a reminder, the provider's next re-read).
