@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from decimal import Decimal
 
 import httpx
@@ -22,13 +22,12 @@ from agent.policy import Limits, decide
 from agent.settings import Settings
 from agent.status import refund_status
 from agent.submit import SubmissionError
-from steps.records import Order, exponent, format_money, from_minor, minor_unit_problem, to_minor
+from steps.records import exponent, format_money, from_minor, minor_unit_problem, to_minor
 from steps.store import app_db, audit_log, outbox
 from tests.conftest import API_KEY, Env
 from tests.identities import DANA
+from tests.test_policy import NOW, order
 from tests.test_workflow import parked, result, submit
-
-NOW = datetime(2026, 11, 1, tzinfo=UTC)
 
 
 @pytest.mark.parametrize(
@@ -113,21 +112,6 @@ def test_a_per_currency_limit_from_the_environment_wins_over_the_scaled_one(monk
         Settings()
 
 
-def order(currency: str, captured: str) -> Order:
-    return Order(
-        order_id="ord_x",
-        customer_id="cus_x",
-        customer_name="X",
-        currency=currency,
-        amount_captured=Decimal(captured),
-        amount_refunded=Decimal(0),
-        status="paid",
-        paid_at=NOW - timedelta(days=3),
-        charge_id="ch_x",
-        items=["thing"],
-    )
-
-
 @pytest.mark.parametrize(
     ("currency", "captured", "amount", "kind", "reasons"),
     [
@@ -163,7 +147,11 @@ def test_policy_judges_and_words_each_currency_in_its_own_units(
 ) -> None:
     limits = limits_of(Settings())
     verdict = decide(
-        amount=Decimal(amount), currency=currency, order=order(currency, captured), as_of=NOW, limits=limits
+        amount=Decimal(amount),
+        currency=currency,
+        order=order(currency=currency, captured=captured, days=3),
+        as_of=NOW,
+        limits=limits,
     )
     assert (verdict.kind, list(verdict.reasons)) == (kind, reasons)
 

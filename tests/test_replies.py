@@ -11,7 +11,8 @@ import pytest
 
 from agent import replies
 from agent.policy import Limits, decide, recheck
-from steps.records import Order, format_money
+from steps.records import format_money
+from tests.test_policy import NOW, order
 
 #: Words that tell a customer someone is still looking at the refund: never in a message about a refusal.
 REVIEWING = re.compile(r"review|approval|get back to you|our team|look into|pending", re.I)
@@ -55,39 +56,21 @@ def test_a_refusal_says_why_in_plain_words_and_never_that_it_is_reviewed(reason:
         assert jargon not in text
 
 
-NOW = datetime(2026, 11, 1, tzinfo=UTC)
 LIMITS = Limits(auto_approve=Decimal("100.00"), absolute_cap=Decimal("10000.00"), window_days=30)
-
-
-def _order(
-    *, status: str = "paid", days: int = 5, captured: str = "500.00", refunded: str = "0", currency: str = USD
-) -> Order:
-    return Order(
-        order_id="ord_x",
-        customer_id="cus_x",
-        customer_name="X",
-        currency=currency,
-        amount_captured=Decimal(captured),
-        amount_refunded=Decimal(refunded),
-        status=status,  # type: ignore[arg-type]
-        paid_at=NOW - timedelta(days=days),
-        charge_id="ch_x",
-        items=["thing"],
-    )
 
 
 POLICY_REFUSALS = [
     # (what policy is given, the customer's words its refusal must come out as)
-    ({"order": _order(status="disputed"), "amount": "10.00"}, "a dispute about this payment is open"),
-    ({"order": _order(status="unpaid"), "amount": "10.00"}, "has not been paid"),
-    ({"order": _order(days=45), "amount": "10.00"}, "past the period in which we can refund it"),
-    ({"order": _order(refunded="500.00"), "amount": "10.00"}, "already been refunded in full"),
-    ({"order": _order(), "amount": "10.00", "currency": "EUR"}, "only be made in the order's currency"),
-    ({"order": _order(refunded="490.00"), "amount": "50.00"}, "more than what is left to refund"),
-    ({"order": _order(captured="20000.00"), "amount": "12000.00"}, "more than we can refund for a single request"),
-    ({"order": _order(), "amount": "10.005"}, "more decimal places than its currency allows"),
-    ({"order": _order(currency="KWD"), "amount": "10.005", "currency": "KWD"}, "cannot be paid out exactly"),
-    ({"order": _order(), "amount": "80.00", "requested": "50.00", "recheck": True}, "more than you asked for"),
+    ({"order": order(status="disputed"), "amount": "10.00"}, "a dispute about this payment is open"),
+    ({"order": order(status="unpaid"), "amount": "10.00"}, "has not been paid"),
+    ({"order": order(days=45), "amount": "10.00"}, "past the period in which we can refund it"),
+    ({"order": order(refunded="500.00"), "amount": "10.00"}, "already been refunded in full"),
+    ({"order": order(), "amount": "10.00", "currency": "EUR"}, "only be made in the order's currency"),
+    ({"order": order(refunded="490.00"), "amount": "50.00"}, "more than what is left to refund"),
+    ({"order": order(captured="20000.00"), "amount": "12000.00"}, "more than we can refund for a single request"),
+    ({"order": order(), "amount": "10.005"}, "more decimal places than its currency allows"),
+    ({"order": order(currency="KWD"), "amount": "10.005", "currency": "KWD"}, "cannot be paid out exactly"),
+    ({"order": order(), "amount": "80.00", "requested": "50.00", "recheck": True}, "more than you asked for"),
 ]
 
 
