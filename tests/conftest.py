@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import secrets
+import sqlite3
+import tempfile
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,21 +49,114 @@ class Databases:
     cleanup: list[str]
 
 
-def make_databases(backend: str, tmp_path: Path) -> Databases:
+def make_databases(backend: str, tmp_path: Path, *, migrated: bool = True) -> Databases:
+    """Fresh databases for one test. ``migrated``: copies of this process's migrated templates (DBOS's tables and
+    the application schema at head), so a test pays a file copy or a ``CREATE DATABASE ... TEMPLATE`` instead of
+    every migration; without it, empty databases (for tests of migrating itself)."""
     if backend == "sqlite":  # the embedded default's layout, so the dbos CLI finds it via dbos-config.yaml
         (tmp_path / ".refund-agent").mkdir(exist_ok=True)
-        system = f"sqlite:///{tmp_path}/.refund-agent/dbos_system.sqlite"
-        return Databases(system, f"sqlite:///{tmp_path}/.refund-agent/refund_agent.sqlite", [])
+        system = tmp_path / ".refund-agent" / "dbos_system.sqlite"
+        app = tmp_path / ".refund-agent" / "refund_agent.sqlite"
+        if migrated:
+            template = _template("sqlite")
+            _copy_sqlite(template.system_url, system)
+            _copy_sqlite(template.app_url, app)
+        return Databases(f"sqlite:///{system}", f"sqlite:///{app}", [])
+    return _postgres.take() if migrated else _create_postgres(None)
+
+
+def _create_postgres(template: Databases | None) -> Databases:
     base = f"ra_test_{secrets.token_hex(4)}"
     names = [f"{base}_sys", f"{base}_app"]
+    sources = template.cleanup if template is not None else [None, None]
     with psycopg.connect(_pg_admin_url(), autocommit=True) as conn:
-        for name in names:
-            conn.execute(f'CREATE DATABASE "{name}"')
+        for name, source in zip(names, sources, strict=True):
+            conn.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{source}"' if source else ""))
     server = _pg_admin_url().rsplit("/", 1)[0]
     return Databases(f"{server}/{names[0]}", f"{server}/{names[1]}", names)
 
 
+#: This process's migrated template databases by backend, made on first use and dropped when the session ends.
+_templates: dict[str, Databases] = {}
+
+
+def _template(backend: str) -> Databases:
+    if backend not in _templates:
+        root = Path(tempfile.mkdtemp(prefix="ra-template-"))
+        dbs = make_databases(backend, root, migrated=False)
+        runtime.migrate_databases(
+            Settings(
+                refund_agent_data_dir=root / "data",
+                dbos_system_database_url=dbs.system_url,
+                database_url=dbs.app_url,
+                payments_api_base="http://127.0.0.1:9",
+            )
+        )
+        if dbs.cleanup:  # CREATE DATABASE ... TEMPLATE needs the template to have no sessions
+            with psycopg.connect(_pg_admin_url(), autocommit=True) as conn:
+                conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = ANY(%s)", (dbs.cleanup,)
+                )
+        _templates[backend] = dbs
+    return _templates[backend]
+
+
+def _copy_sqlite(url: str, target: Path) -> None:
+    """A consistent copy of a SQLite database (its WAL included) through SQLite's backup API."""
+    source = sqlite3.connect(url.removeprefix("sqlite:///"))
+    copy = sqlite3.connect(target)
+    try:
+        source.backup(copy)
+    finally:
+        copy.close()
+        source.close()
+
+
+class _PostgresPool:
+    """Postgres databases for tests, made from the template one test ahead and dropped behind the tests, each in a
+    thread of its own: a test waits for neither (both cost about a second on a busy server)."""
+
+    def __init__(self) -> None:
+        self.making = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pg-make")
+        self.dropping = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pg-drop")
+        self.next: Future[Databases] | None = None
+
+    def take(self) -> Databases:
+        template = _template("postgres")
+        ready = self.next.result() if self.next is not None else _create_postgres(template)
+        self.next = self.making.submit(_create_postgres, template)
+        return ready
+
+    def drop(self, dbs: Databases) -> None:
+        self.dropping.submit(_drop_now, dbs)
+
+    def close(self) -> None:
+        if self.next is not None:
+            self.drop(self.next.result())
+            self.next = None
+        self.making.shutdown(wait=True)
+        self.dropping.shutdown(wait=True)
+
+
+_postgres = _PostgresPool()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _drop_templates() -> Iterator[None]:
+    yield
+    _postgres.close()
+    for dbs in _templates.values():
+        _drop_now(dbs)
+    _templates.clear()
+
+
 def drop_databases(dbs: Databases) -> None:
+    """Drop a test's Postgres databases (behind the tests, in a thread; before the session ends)."""
+    if dbs.cleanup:
+        _postgres.drop(dbs)
+
+
+def _drop_now(dbs: Databases) -> None:
     if not dbs.cleanup:
         return
     with psycopg.connect(_pg_admin_url(), autocommit=True) as conn:
