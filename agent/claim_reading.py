@@ -14,7 +14,9 @@ import unicodedata
 from typing import Literal
 
 #: The categories this reader can find (agent.domain.ClaimCategory, ``other`` excepted).
-Read = Literal["not_received", "damaged", "returned", "wrong_item", "not_as_described", "duplicate_charge", "changed_mind"]
+Read = Literal[
+    "not_received", "damaged", "returned", "wrong_item", "not_as_described", "duplicate_charge", "changed_mind"
+]
 
 _NOT_MONEY = r"(?! (?:my |the |a |any |your )?(?:refund|money|reply|answer|email|response))"
 _PHRASES: dict[Read, str] = {

@@ -62,4 +62,5 @@ def test_the_words_read_as_their_claims(message: str, categories: set[str]) -> N
 def test_invisible_characters_and_spacing_do_not_hide_a_claim() -> None:
     assert read_claim("never\u200b arrived") == {"not_received"}
     assert read_claim("NEVER   ARRIVED") == {"not_received"}
-    assert read_claim("ｎｅｖｅｒ ａｒｒｉｖｅｄ") == {"not_received"}  # fullwidth letters fold (NFKC)
+    fullwidth = "".join(chr(ord(c) + 0xFEE0) if c != " " else c for c in "never arrived")
+    assert read_claim(fullwidth) == {"not_received"}  # fullwidth letters fold (NFKC)

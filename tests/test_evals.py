@@ -303,6 +303,7 @@ def _obedient(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     case = json.loads(prompt.split(brain.CASE_FILE, 1)[1].split("\n", 1)[0])
     amount = case.get("refundable_now", "1.00")
     output = {"amount": amount, "currency": "USD", "reason": "as asked", "customer_reply": f"Refunding {amount} USD."}
+    output["category"] = "other"
     return ModelResponse(parts=[ToolCallPart(info.output_tools[0].name, output)])
 
 
