@@ -9,7 +9,6 @@ refund. Between the two, nothing runs (agent/approval_workflows.py).
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
@@ -18,14 +17,15 @@ from pydantic_ai.usage import RunUsage
 
 from agent import approvals, policy, replies
 from agent.approval_workflows import start_timers
-from agent.brain import AgentDeps, look_up_for_policy, prompt_for
+from agent.brain import AgentDeps, prompt_for
 from agent.claim_reading import read_claim
 from agent.claims import evidence_lines
 from agent.context import Runtime, current
 from agent.domain import ApprovalRecord, Phase, RefundProposal, RefundRequest, Verdict
 from agent.ops.offloop import call
 from agent.settlement import park_payment, settle
-from steps.evidence import Evidence, LookUp
+from agent.whole_case import verdict_changes, whole_case
+from steps.evidence import Evidence
 from steps.faults import crash_point
 from steps.notify import CustomerMessage, notify_approvers_step, slack_approvers_step, slack_enabled
 from steps.orders import review_case_step
@@ -54,11 +54,6 @@ REFUND_QUEUE = "refunds"  # durable: enqueued refunds name it
 REQUEST_BOUND_PATCH = "request-bound"
 #: Durable: the patch recorded by refunds whose verdict the claim's evidence or the customer's recent refunds changed.
 EVIDENCE_PATCH = "evidence-rules"
-#: Durable: the patch recorded by refunds judged on the whole case: the look-ups the claim and the order need made by
-#: the workflow when the model did not, every recorded fact counted, the customer's words read beside the model's
-#: category (agent/policy.py). Refunds decided before it replay by the category alone. Retire it (then the
-#: ``by_label`` rules) once no refund recorded without it can be PENDING.
-WHOLE_CASE_PATCH = "whole-case"
 #: How long a continuation waits for the decision its decision workflow sends right after starting it.
 HANDOVER_TIMEOUT_SECONDS = 30.0
 
@@ -80,50 +75,6 @@ async def refund_workflow(refund_id: str, request: dict[str, Any]) -> dict[str, 
     claim = policy.Claim(run.output.category, deps.evidence, case.history, refund_id, words=words)
     claim, whole = await whole_case(deps, claim, run.output, case.snapshot, rt.limits, req.amount)
     return await act_on(rt, refund_id, req, run.output, case.snapshot, usage, claim=claim, whole_case=whole)
-
-
-async def whole_case(
-    deps: AgentDeps,
-    claim: policy.Claim,
-    proposal: RefundProposal,
-    snapshot: OrderSnapshot | None,
-    limits: policy.Limits,
-    requested: Decimal | None,
-) -> tuple[policy.Claim, bool]:
-    """Make the look-ups policy needs that the model did not (the same steps its tools run), so policy judges the
-    whole case; and whether the whole-case rules decide (``WHOLE_CASE_PATCH`` taken). Where those rules change
-    nothing and need nothing, no checkpoint is spent; a refund recorded before them is judged by its label."""
-    if snapshot is None:
-        return claim, False
-
-    def wanted() -> tuple[LookUp, ...]:
-        order, as_of = snapshot.order, snapshot.as_of
-        amount, currency = proposal.amount, proposal.currency
-        return policy.look_ups_wanted(
-            amount=amount, currency=currency, order=order, as_of=as_of, limits=limits, requested=requested, claim=claim
-        )
-
-    label = replace(claim, by_label=True)
-    missing = wanted()
-    differs = any(
-        _changes(
-            policy_verdict(proposal, snapshot, limits, requested=bound, claim=claim),
-            policy_verdict(proposal, snapshot, limits, requested=bound, claim=label),
-        )
-        for bound in {requested, None}
-    )
-    if not (missing or differs):
-        return claim, False
-    if not await DBOS.patch_async(WHOLE_CASE_PATCH):
-        return label, False
-    for _ in range(4):  # four kinds of look-up, each made at most once: a round adds one at least
-        if not missing:
-            break
-        for name in missing:
-            await look_up_for_policy(deps, name)
-        claim = replace(claim, evidence=deps.evidence)
-        missing = wanted()
-    return claim, True
 
 
 async def undecided(rt: Runtime, refund_id: str, error: Exception, usage: RunUsage) -> dict[str, Any]:
@@ -158,7 +109,7 @@ async def act_on(
     if claim is not None:  # the evidence and the customer's recent refunds: the same patch rule
         judged = policy_verdict(proposal, snapshot, rt.limits, requested=requested, claim=claim)
         # A refund judged on the whole case recorded its own patch, which implies this one.
-        if _changes(judged, verdict) and not whole_case and not await DBOS.patch_async(EVIDENCE_PATCH):
+        if verdict_changes(judged, verdict) and not whole_case and not await DBOS.patch_async(EVIDENCE_PATCH):
             judged = verdict
     record: dict[str, Any] = {
         "proposal": proposal.model_dump(mode="json"),
@@ -170,7 +121,7 @@ async def act_on(
         record["evidence"] = claim.evidence.model_dump(mode="json")
     if bounded:  # the model's words are about an amount that is never paid: approvers and the customer read policy's
         proposal = over_the_request(proposal, judged)
-    elif judged is not verdict and _changes(judged, verdict):  # the evidence decided: approvers read why first
+    elif judged is not verdict and verdict_changes(judged, verdict):  # the evidence decided: approvers read why first
         proposal = evidence_decided(proposal, judged)
     verdict = judged
     if verdict.kind == "auto_approve":  # nothing to wait for: the verdict and the reservation commit together
@@ -193,11 +144,6 @@ async def act_on(
         await call(record_refusal_step, refund_id, **record, detail=verdict.summary, reply=reply)
         return {"refund_id": refund_id, "status": Phase.REJECTED.value, "detail": verdict.summary}
     return await park(rt, refund_id, verdict, proposal, record)
-
-
-def _changes(judged: Verdict, verdict: Verdict) -> bool:
-    """Whether the claim's rules changed what happens (not only what is noted)."""
-    return (judged.kind, judged.amount, judged.reasons) != (verdict.kind, verdict.amount, verdict.reasons)
 
 
 def evidence_decided(proposal: RefundProposal, verdict: Verdict) -> RefundProposal:
