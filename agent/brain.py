@@ -124,15 +124,35 @@ def _this_order(ctx: RunContext[AgentDeps], order_id: str) -> OrderSnapshot | No
 
 async def _look_up(ctx: RunContext[AgentDeps], name: LookUp, step: Callable[..., R], *args: str) -> dict[str, Any]:
     """Run one look-up step and keep its output (or its failure) for policy; the model reads the same record."""
+    found = await record_look_up(ctx.deps, name, step, *args)
+    if found is None:
+        return {"error": f"{name} could not be read right now; a person will check it"}
+    return found.model_dump(mode="json")
+
+
+async def record_look_up(deps: AgentDeps, name: LookUp, step: Callable[..., R], *args: str) -> R | None:
+    """One look-up step, its output (or its failure: None) kept in ``deps.evidence`` for policy."""
     try:
         found = await call(step, *args)
     except EvidenceUnavailable as error:
-        ctx.deps.evidence = ctx.deps.evidence.model_copy(
-            update={"failed": {**ctx.deps.evidence.failed, name: str(error)}}
-        )
-        return {"error": f"{name} could not be read right now; a person will check it"}
-    ctx.deps.evidence = ctx.deps.evidence.model_copy(update={name: found})
-    return found.model_dump(mode="json")
+        deps.evidence = deps.evidence.model_copy(update={"failed": {**deps.evidence.failed, name: str(error)}})
+        return None
+    deps.evidence = deps.evidence.model_copy(update={name: found})
+    return found
+
+
+async def look_up_for_policy(deps: AgentDeps, name: LookUp) -> None:
+    """A look-up policy needs and the model did not make: the same step its tool runs, on the request's order."""
+    assert deps.snapshot is not None
+    order = deps.snapshot.order
+    if name == "tracking":
+        await record_look_up(deps, name, track_shipment_step, order.carrier, order.tracking_code)
+    elif name == "returns":
+        await record_look_up(deps, name, return_status_step, order.order_id)
+    elif name == "risk":
+        await record_look_up(deps, name, payment_risk_step, order.charge_id)
+    else:
+        await record_look_up(deps, name, ticket_history_step, order.customer_email)
 
 
 async def track_shipment(ctx: RunContext[AgentDeps], order_id: str) -> dict[str, Any]:

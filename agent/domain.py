@@ -23,6 +23,7 @@ __all__ = [
     "ApprovalRecord",
     "ClaimCategory",
     "Phase",
+    "RecordedProposal",
     "RefundProposal",
     "RefundRequest",
     "Verdict",
@@ -142,7 +143,7 @@ class RefundProposal(BaseModel):
     """One or two sentences for the approver: why this amount."""
     customer_reply: str = Field(max_length=2000)
     """The reply to send the customer, in their language, stating the amount and what happens next."""
-    category: ClaimCategory = "other"
+    category: ClaimCategory
     """What the customer claims: not_received (never arrived, late, lost), damaged, returned (sent it back),
     wrong_item, not_as_described, duplicate_charge (charged twice, a charge they do not recognise), changed_mind,
     or other."""
@@ -156,6 +157,13 @@ class RefundProposal(BaseModel):
     @classmethod
     def _printable(cls, value: str) -> str:
         return value.replace("\x00", "")  # model text is stored in Postgres, which refuses NUL
+
+
+class RecordedProposal(RefundProposal):
+    """A proposal as a model answered before the category was asked for: read back from a recorded model response
+    (agent/legacy.py), its category is ``other``. New answers must name one (``RefundProposal``)."""
+
+    category: ClaimCategory = "other"
 
 
 VerdictKind = Literal["auto_approve", "needs_approval", "refuse"]

@@ -1,10 +1,14 @@
 """What recorded evidence says about a claim: pure rules on the look-ups' step outputs, never on the model's words.
 
-``judge`` returns a ``Finding``: nothing to add (the usual money rules decide), refuse for now (the parcel is on its
-way, nothing was sent back yet: the customer is told what to do), a person must look (the carrier says delivered,
-the claim could not be checked), refuse (the dispute decides), or a lower bound (only the lines the warehouse
-received). The category is the agent's reading of the claim; a claim that needs evidence and was not checked goes
-to a person, so a model that skips a look-up (or is talked out of it) never gets a refund paid unchecked.
+``judge_case`` returns a ``Finding``: nothing to add (the usual money rules decide), refuse for now (the parcel is
+on its way, nothing was sent back yet: the customer is told what to do), a person must look (the carrier says
+delivered, the claim could not be checked, the evidence contradicts the claim, the card issuer reported fraud),
+refuse (the dispute decides), or a lower bound (only the lines the warehouse received). It judges every category
+the claim has (the model's and the customer's words', agent/claim_reading.py) and every look-up that was made,
+whichever category asked for it; ``needed`` says which look-ups the categories need on this order, and a needed
+one that was not made (or failed) goes to a person, so a model that skips a look-up never gets a refund paid
+unchecked. ``judge`` is the rule refunds decided before the whole case counted kept: the model's category and its
+one look-up (they replay with it, agent/workflow.py ``WHOLE_CASE_PATCH``).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from decimal import Decimal
 from typing import Literal
 
 from agent.domain import ClaimCategory
-from steps.evidence import Evidence, ReturnReceipt, Tracking
+from steps.evidence import Evidence, LookUp, ReturnReceipt, Tracking
 from steps.records import Order, format_money
 
 FindingKind = Literal["none", "refuse", "wait", "person"]
@@ -49,7 +53,8 @@ def _day(at: datetime) -> str:
 
 
 def judge(category: ClaimCategory, evidence: Evidence, order: Order, as_of: datetime) -> Finding:
-    """The evidence's word on a claim: the charge's risk first (a dispute decides), then what the category needs."""
+    """The evidence's word on a claim by its category alone: the charge's risk first (a dispute decides), then what
+    the category needs (refunds decided before the whole case counted replay with it)."""
     flags: tuple[str, ...] = ()
     facts: list[str] = []
     if evidence.risk is not None:
@@ -78,11 +83,104 @@ def judge(category: ClaimCategory, evidence: Evidence, order: Order, as_of: date
     )
 
 
+#: Claims about the goods in hand: the carrier must show them delivered.
+ABOUT_THE_GOODS: frozenset[str] = frozenset({"damaged", "wrong_item", "not_as_described"})
+_RETURNS_CLAIMS = frozenset({"returned", "changed_mind"})
+_RANK: dict[FindingKind, int] = {"none": 0, "person": 1, "wait": 2, "refuse": 3}
+
+
+def needed(categories: frozenset[str], order: Order) -> tuple[LookUp, ...]:
+    """The look-ups the claim's categories need, as far as the order's facts allow them (no tracking code: no
+    tracking to read; no charge: no risk). The charge's risk for a refund paid at once is policy's (agent/policy)."""
+    wanted: list[LookUp] = []
+    if order.tracking_code and categories & {"not_received", *ABOUT_THE_GOODS}:
+        wanted.append("tracking")
+    if categories & _RETURNS_CLAIMS:
+        wanted.append("returns")
+    if order.charge_id and "duplicate_charge" in categories:
+        wanted.append("risk")
+    return tuple(wanted)
+
+
+def judge_case(categories: frozenset[str], evidence: Evidence, order: Order, as_of: datetime) -> Finding:
+    """The evidence's word on the whole claim: the charge's risk (a dispute refuses, a fraud warning goes to a
+    person), then, for every look-up made or needed, what it says about each category; the strictest wins."""
+    if evidence.risk is not None and evidence.risk.open_disputes:
+        return judge("duplicate_charge", evidence, order, as_of)  # the dispute decides, as it always did
+    found: list[Finding] = []
+    if evidence.risk is not None and evidence.risk.early_fraud_warnings:
+        warning = evidence.risk.early_fraud_warnings[0]
+        fact = f"the card issuer reported the charge as fraud ({warning.warning_id}, {warning.fraud_type})"
+        found.append(Finding("person", (f"{fact}; a person decides",), (fact,), flags=("early_fraud_warning",)))
+    for need in needed(categories, order):
+        if need in evidence.failed:
+            reason = f"the claim could not be checked: {need} could not be read ({evidence.failed[need]})"
+            found.append(Finding("person", (reason,)))
+        elif getattr(evidence, need) is None:
+            found.append(Finding("person", (f"the claim needs the {_NAMES[need]}, and it was not looked up",)))
+    if "not_received" in categories and not order.tracking_code:
+        found.append(Finding("person", ("the order has no tracking number to check the claim against",)))
+    if evidence.tracking is not None:
+        found += _tracking_for(categories, evidence.tracking, order, as_of)
+    if evidence.returns is not None:
+        returned = _returns(evidence.returns, order)
+        found.append(returned if categories & _RETURNS_CLAIMS else Finding("none", facts=returned.facts))
+    return _strictest(found)
+
+
+_NAMES: dict[LookUp, str] = {
+    "tracking": "carrier's tracking",
+    "returns": "warehouse's return",
+    "risk": "charge's disputes and fraud warnings",
+    "tickets": "earlier tickets",
+}
+
+
+def _tracking_for(categories: frozenset[str], tracking: Tracking, order: Order, as_of: datetime) -> list[Finding]:
+    """A tracking record counts for every category: a parcel not delivered contradicts a claim about the goods."""
+    found = [_delivery(tracking, as_of)] if "not_received" in categories else []
+    where = f"{tracking.carrier} {tracking.tracking_code}"
+    said = tracking.status.replace("_", " ") if tracking.found else "unknown to the carrier"
+    if categories & ABOUT_THE_GOODS:
+        if tracking.found and tracking.status == "delivered":
+            found.append(Finding("none", facts=_delivery(tracking, as_of).facts))
+        else:
+            claim = ", ".join(sorted(c.replace("_", " ") for c in categories & ABOUT_THE_GOODS))
+            reason = f"the claim ({claim}) is about goods in hand, but the carrier shows {where} {said}"
+            found.append(Finding("person", (reason,), (f"the carrier shows {where} {said}",)))
+    if not found:
+        found.append(Finding("none", facts=(f"the carrier shows {where} {said}",)))
+    return found
+
+
+def _strictest(found: list[Finding]) -> Finding:
+    """One finding from several: the strictest kind with its reasons and note, every fact and flag, the lowest
+    bound."""
+    if not found:
+        return Finding("none")
+    kind = max((f.kind for f in found), key=_RANK.__getitem__)
+    top = [f for f in found if f.kind == kind]
+    bounds = [f.bound for f in found if f.bound is not None]
+    return Finding(
+        kind,
+        tuple(dict.fromkeys(r for f in top for r in f.reasons)),
+        tuple(dict.fromkeys(x for f in found for x in f.facts)),
+        min(bounds) if bounds else None,
+        next((f.customer_note for f in top if f.customer_note), None),
+        tuple(dict.fromkeys(x for f in found for x in f.flags)),
+    )
+
+
 def _tracking(tracking: Tracking | None, order: Order, as_of: datetime) -> Finding:
     if not order.tracking_code:
         return Finding("person", ("the order has no tracking number to check the claim against",))
     if tracking is None:
         return Finding("person", ("the claim was not checked against the carrier's tracking",))
+    return _delivery(tracking, as_of)
+
+
+def _delivery(tracking: Tracking, as_of: datetime) -> Finding:
+    """What a tracking record says about a parcel the customer says never came."""
     where = f"{tracking.carrier} {tracking.tracking_code}"
     if not tracking.found or tracking.status == "unknown":
         return Finding("person", (f"the carrier has no usable record of {where}",))

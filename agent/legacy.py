@@ -18,7 +18,7 @@ from pydantic_ai.usage import RunUsage
 from agent import policy
 from agent.brain import AgentDeps, order_view
 from agent.context import current
-from agent.domain import RefundRequest
+from agent.domain import RecordedProposal, RefundRequest
 from agent.ops.offloop import call
 from agent.workflow import act_on, undecided
 from steps.orders import load_order_step, refund_history_step
@@ -114,7 +114,9 @@ async def legacy_refund_workflow(refund_id: str, request: dict[str, Any]) -> dic
     deps = AgentDeps(refund_id, req, rt.limits, instructions=LEGACY_INSTRUCTIONS)
     usage = RunUsage()
     try:
-        run = await rt.agent.run(legacy_prompt(req), deps=deps, usage=usage, toolsets=[LOOK_UPS])
+        run = await rt.agent.run(
+            legacy_prompt(req), deps=deps, usage=usage, toolsets=[LOOK_UPS], output_type=RecordedProposal
+        )
     except Exception as error:
         return await undecided(rt, refund_id, error, usage)
     snapshot = deps.snapshot if deps.snapshot is not None else await call(load_order_step, req.order_id)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 
 from agent import evidence_policy
+from agent.claim_reading import Read
 from agent.domain import ClaimCategory, Verdict, VerdictKind
-from steps.evidence import Evidence
+from steps.evidence import Evidence, LookUp
 from steps.records import LIMIT_SCALES, Order, PastRefund, format_money, minor_unit_problem, quantize, supported
 
 ZERO = Decimal(0)
@@ -54,14 +55,33 @@ class Limits:
 
 @dataclass(frozen=True)
 class Claim:
-    """What the refund claims and what was found about it: the agent's category, the look-ups' step outputs and
-    the customer's earlier refunds as the case file's step read them."""
+    """What the refund claims and what was found about it: the agent's category, what the customer's words claim
+    (agent.claim_reading), the look-ups' step outputs and the customer's earlier refunds as the case file's step
+    read them."""
 
-    category: ClaimCategory = "other"
+    category: ClaimCategory
     evidence: Evidence = field(default_factory=Evidence)
     history: Sequence[PastRefund] = ()
     refund_id: str = ""
     """This refund, left out of its customer's history."""
+    words: frozenset[Read] = frozenset()
+    """The categories the customer's words name; empty: none the reader knows (the agent's category stands)."""
+    by_label: bool = False
+    """Judged as refunds were before the whole case counted: the agent's category and its one look-up, and no
+    reading of the words (only refunds recorded that way replay so, agent/workflow.py)."""
+
+    @property
+    def categories(self) -> frozenset[str]:
+        """Every category the claim has: the agent's (unless ``other``, which names none) and the words'."""
+        return frozenset({*self.words, self.category} - {"other"})
+
+    @property
+    def disagreement(self) -> str | None:
+        """Why the agent's category and the customer's words disagree, or None."""
+        if self.category == "other" or not self.words or self.category in self.words:
+            return None
+        said = ", ".join(sorted(w.replace("_", " ") for w in self.words))
+        return f"the agent filed the claim as {self.category.replace('_', ' ')}, but the customer's words say {said}"
 
 
 #: Refunds that paid nothing and never will: not counted against a customer.
@@ -196,12 +216,49 @@ def _judge(amount: Decimal, currency: str, order: Order, as_of: datetime, limits
     return Verdict(kind="auto_approve", amount=amount, currency=currency, refundable=room)
 
 
+def look_ups_wanted(
+    *,
+    amount: Decimal,
+    currency: str,
+    order: Order,
+    as_of: datetime,
+    limits: Limits,
+    requested: Decimal | None,
+    claim: Claim,
+) -> tuple[LookUp, ...]:
+    """What policy needs looked up before it can judge this claim and that was neither made nor tried: what the
+    claim's categories need on this order, then, for a refund that would be paid at once, the charge's disputes
+    and fraud warnings. Empty for a claim judged by its label (``by_label``)."""
+    if claim.by_label:
+        return ()
+    tried = {*claim.evidence.looked_up(), *claim.evidence.failed}
+    missing = tuple(n for n in evidence_policy.needed(claim.categories, order) if n not in tried)
+    if missing or "risk" in tried or not order.charge_id:
+        return missing
+    verdict = _decide(amount=amount, currency=currency, order=order, as_of=as_of, limits=limits, requested=requested)
+    verdict = _with_claim(verdict, claim, order, as_of, limits, proposed=amount, check_risk=False)
+    return ("risk",) if verdict.kind == "auto_approve" else ()
+
+
 def _with_claim(
-    verdict: Verdict, claim: Claim, order: Order, as_of: datetime, limits: Limits, *, proposed: Decimal
+    verdict: Verdict,
+    claim: Claim,
+    order: Order,
+    as_of: datetime,
+    limits: Limits,
+    *,
+    proposed: Decimal,
+    check_risk: bool = True,
 ) -> Verdict:
     """The evidence can only lower what is paid or hand it to a person, never raise it: a refusal stands, and a
-    proposal above the customer's request still goes to a person at the lower amount."""
-    found = evidence_policy.judge(claim.category, claim.evidence, order, as_of)
+    proposal above the customer's request still goes to a person at the lower amount. Nothing is paid at once
+    on a charge whose disputes and fraud warnings were not read (``check_risk``)."""
+    if claim.by_label:
+        found = evidence_policy.judge(claim.category, claim.evidence, order, as_of)
+    else:
+        found = evidence_policy.judge_case(claim.categories, claim.evidence, order, as_of)
+        if (disagreement := claim.disagreement) and found.kind in ("none", "person"):
+            found = replace(found, kind="person", reasons=(disagreement, *found.reasons))
     verdict = verdict.model_copy(update={"findings": found.facts, "flags": found.flags})
     if verdict.kind == "refuse":
         return verdict
@@ -227,7 +284,18 @@ def _with_claim(
         serial = _serial_claimant(verdict, claim, as_of, limits)
         if serial:
             return verdict.model_copy(update={"kind": "needs_approval", "reasons": (serial,)})
+    if verdict.kind == "auto_approve" and check_risk and not claim.by_label and (unread := _risk_unread(claim, order)):
+        return verdict.model_copy(update={"kind": "needs_approval", "reasons": (unread,)})
     return verdict
+
+
+def _risk_unread(claim: Claim, order: Order) -> str | None:
+    """Why the charge's disputes and fraud warnings are not known for a refund about to be paid at once, or None."""
+    if not order.charge_id or claim.evidence.risk is not None:
+        return None
+    if "risk" in claim.evidence.failed:
+        return f"the charge's disputes and fraud warnings could not be read ({claim.evidence.failed['risk']})"
+    return "the charge's disputes and fraud warnings were not read"
 
 
 def _serial_claimant(verdict: Verdict, claim: Claim, as_of: datetime, limits: Limits) -> str | None:

@@ -18,16 +18,18 @@ from pydantic_ai.usage import RunUsage
 from agent import approvals, policy, replies
 from agent.approval_workflows import start_timers
 from agent.brain import AgentDeps, prompt_for
+from agent.claim_reading import read_claim
 from agent.claims import evidence_lines
 from agent.context import Runtime, current
 from agent.domain import ApprovalRecord, Phase, RefundProposal, RefundRequest, Verdict
 from agent.ops.offloop import call
 from agent.settlement import park_payment, settle
+from agent.whole_case import verdict_changes, whole_case
 from steps.evidence import Evidence
 from steps.faults import crash_point
 from steps.notify import CustomerMessage, notify_approvers_step, slack_approvers_step, slack_enabled
 from steps.orders import review_case_step
-from steps.payments import describe_failure, idempotency_key, issue_refund_step
+from steps.payments import ChargeDisputed, describe_failure, idempotency_key, issue_refund_step
 from steps.records import ModelUsage, OrderSnapshot
 from steps.refunds import (
     PaymentPlan,
@@ -69,8 +71,10 @@ async def refund_workflow(refund_id: str, request: dict[str, Any]) -> dict[str, 
     except Exception as error:  # the model failed or misbehaved through its retries: nothing was paid
         return await undecided(rt, refund_id, error, usage)
     # Policy reads what the look-up steps returned (deps.evidence), never the model's account of it.
-    claim = policy.Claim(run.output.category, deps.evidence, case.history, refund_id)
-    return await act_on(rt, refund_id, req, run.output, case.snapshot, usage, claim=claim)
+    words = read_claim(req.message)
+    claim = policy.Claim(run.output.category, deps.evidence, case.history, refund_id, words=words)
+    claim, whole = await whole_case(deps, claim, run.output, case.snapshot, rt.limits, req.amount)
+    return await act_on(rt, refund_id, req, run.output, case.snapshot, usage, claim=claim, whole_case=whole)
 
 
 async def undecided(rt: Runtime, refund_id: str, error: Exception, usage: RunUsage) -> dict[str, Any]:
@@ -89,6 +93,7 @@ async def act_on(
     *,
     legacy: bool = False,
     claim: policy.Claim | None = None,
+    whole_case: bool = False,
 ) -> dict[str, Any]:
     """Policy judges the proposal against the order as the case file's step read it, and the claim against the
     evidence its look-ups recorded; then pay, refuse or park."""
@@ -103,7 +108,8 @@ async def act_on(
     judged = verdict
     if claim is not None:  # the evidence and the customer's recent refunds: the same patch rule
         judged = policy_verdict(proposal, snapshot, rt.limits, requested=requested, claim=claim)
-        if _changes(judged, verdict) and not await DBOS.patch_async(EVIDENCE_PATCH):
+        # A refund judged on the whole case recorded its own patch, which implies this one.
+        if verdict_changes(judged, verdict) and not whole_case and not await DBOS.patch_async(EVIDENCE_PATCH):
             judged = verdict
     record: dict[str, Any] = {
         "proposal": proposal.model_dump(mode="json"),
@@ -115,7 +121,7 @@ async def act_on(
         record["evidence"] = claim.evidence.model_dump(mode="json")
     if bounded:  # the model's words are about an amount that is never paid: approvers and the customer read policy's
         proposal = over_the_request(proposal, judged)
-    elif judged is not verdict and _changes(judged, verdict):  # the evidence decided: approvers read why first
+    elif judged is not verdict and verdict_changes(judged, verdict):  # the evidence decided: approvers read why first
         proposal = evidence_decided(proposal, judged)
     verdict = judged
     if verdict.kind == "auto_approve":  # nothing to wait for: the verdict and the reservation commit together
@@ -138,11 +144,6 @@ async def act_on(
         await call(record_refusal_step, refund_id, **record, detail=verdict.summary, reply=reply)
         return {"refund_id": refund_id, "status": Phase.REJECTED.value, "detail": verdict.summary}
     return await park(rt, refund_id, verdict, proposal, record)
-
-
-def _changes(judged: Verdict, verdict: Verdict) -> bool:
-    """Whether the claim's rules changed what happens (not only what is noted)."""
-    return (judged.kind, judged.amount, judged.reasons) != (verdict.kind, verdict.amount, verdict.reasons)
 
 
 def evidence_decided(proposal: RefundProposal, verdict: Verdict) -> RefundProposal:
@@ -253,6 +254,9 @@ async def pay(
             currency=currency,
             first_attempt_at=plan.first_attempt_at,
         )
+    except ChargeDisputed as error:  # the dispute decides: a refusal, and the customer is told why
+        detail = f"the payment provider refused: {error}; the open dispute decides"
+        return await finish(refund_id, Phase.REJECTED, detail, reply=replies.refused(amount, currency, [detail]))
     except Exception as error:  # the provider refused or stayed down through every retry
         log.error("refund %s: payment failed: %s", refund_id, describe_failure(error))
         key = idempotency_key(refund_id, order.order_id)

@@ -2,7 +2,8 @@
 earlier helpdesk tickets (Zendesk-shaped), each under the path its real API uses, so each client can be
 pointed at the real service by base URL alone. Data is held in memory, loaded from a seed (the format is in
 ``sandbox/evidence_seed.py``, re-exported here); faults per service (429 with Retry-After, 5xx, slow
-answers) and per-service request counters are set and read under ``/_sandbox``.
+answers, a few answers slower than a client waits and then fast ones) and per-service request counters are set
+and read under ``/_sandbox``.
 """
 
 from __future__ import annotations
@@ -78,6 +79,9 @@ class ServiceFaults(BaseModel):
     """Sent as Retry-After with 429 and 503 answers; None: no header."""
     latency_ms: int = Field(default=0, ge=0)
     """Added before every answer (a slow service)."""
+    slow_next: int = Field(default=0, ge=0)
+    """The next N requests wait ``slow_ms`` more before answering (a service slow for a while, then fast)."""
+    slow_ms: int = Field(default=0, ge=0)
     seed: int | None = None
 
 
@@ -120,9 +124,13 @@ class _State:
             hit = f.fail_next > 0 or (f.fail_rate > 0 and self.rngs[service].random() < f.fail_rate)
             if f.fail_next > 0:
                 f.fail_next -= 1
+            latency = f.latency_ms
+            if f.slow_next > 0:
+                f.slow_next -= 1
+                latency += f.slow_ms
             if hit:
                 self.stats["faults_injected"] += 1
-            return f.latency_ms, f.model_copy() if hit else None
+            return latency, f.model_copy() if hit else None
 
 
 def _service_of(path: str) -> Service | None:

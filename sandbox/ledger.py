@@ -80,6 +80,20 @@ events = sa.Table(
     sa.Column("attempts", sa.Integer, nullable=False),
     sa.Column("delivered", sa.Boolean, nullable=False),
 )
+#: Stripe Radar early fraud warnings and disputes on charges (served by sandbox/risk.py); a charge with an open
+#: dispute that is not an inquiry cannot be refunded (``apply_refund``).
+risk_signals = sa.Table(
+    "sandbox_risk_signals",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("charge", sa.String(255), nullable=False, index=True),
+    sa.Column("created", sa.BigInteger, nullable=False),
+    sa.Column("body", sa.Text, nullable=False),
+)
+#: Disputes that hold the charge: Stripe refuses a refund while one is open (``charge_disputed``). An inquiry
+#: (``warning_*``) leaves the charge refundable, as Stripe's ``is_charge_refundable`` says.
+CHARGEBACK_OPEN = frozenset({"needs_response", "under_review"})
 counters = sa.Table(
     "sandbox_counters",
     metadata,
@@ -167,8 +181,9 @@ ClaimResult = Claimed | Replay | Conflict
 class Refused:
     """The charge cannot take the refund: Stripe's error code and message."""
 
-    code: Literal["resource_missing", "charge_already_refunded", "amount_too_large"]
+    code: Literal["resource_missing", "charge_already_refunded", "amount_too_large", "charge_disputed"]
     message: str
+    param: str | None = "amount"
 
 
 @dataclass(frozen=True)
@@ -344,14 +359,18 @@ class Ledger:
             charge = Charge(**row._mapping)
             left = charge.amount - charge.amount_refunded
             refused: Refused | None = None
-            if left <= 0:
+            if self._charged_back(conn, charge.id):
+                refused = Refused("charge_disputed", f"Charge {charge.id} has been charged back.", None)
+            elif left <= 0:
                 refused = Refused("charge_already_refunded", f"Charge {charge.id} has already been refunded.")
             elif refund.amount > left:
                 message = f"Refund amount ({refund.amount}) is greater than unrefunded amount on charge ({left})"
                 refused = Refused("amount_too_large", message)
             if refused is not None:
                 error = {"type": "invalid_request_error", "code": refused.code, "message": refused.message}
-                if not self._save(conn, claim, 400, json.dumps({"error": error | {"param": "amount"}})):
+                if refused.param is not None:
+                    error["param"] = refused.param
+                if not self._save(conn, claim, 400, json.dumps({"error": error})):
                     conn.rollback()
                     return None
                 conn.commit()
@@ -370,6 +389,13 @@ class Ledger:
             self._bump(conn, "refunds_applied", 1)
             conn.commit()
         return refund
+
+    def _charged_back(self, conn: Connection, charge_id: str) -> bool:
+        """Whether the charge has an open dispute that is not an inquiry (its funds are held by the dispute)."""
+        query = sa.select(risk_signals.c.body).where(
+            risk_signals.c.kind == "dispute", risk_signals.c.charge == charge_id
+        )
+        return any(json.loads(body).get("status") in CHARGEBACK_OPEN for body in conn.execute(query).scalars())
 
     def get_refund(self, refund_id: str) -> Refund | None:
         with self.engine.begin() as conn:

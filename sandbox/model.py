@@ -128,6 +128,7 @@ class ScriptedModel:
                 "currency": currency,
                 "reason": f"A manager approved a refund of {amount} {currency} for this customer; pay it now.",
                 "customer_reply": f"Good news: your manager-approved refund of {amount} {currency} has been sent.",
+                "category": classify(message.group(1) if message else ""),
             },
         )
 

@@ -308,7 +308,9 @@ def create_app(
         if applied is None:
             raise StripeError(409, "idempotency_error", "Idempotency key was taken over; retry.")
         if isinstance(applied, Refused):
-            return StripeError(400, "invalid_request_error", applied.message, "amount", applied.code).response(echo)
+            return StripeError(400, "invalid_request_error", applied.message, applied.param, applied.code).response(
+                echo
+            )
         body = json.dumps(applied.to_stripe())
         if fault == "drop":
             ledger.bump("faults_injected")

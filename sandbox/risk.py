@@ -18,20 +18,10 @@ from fastapi import FastAPI, Request
 from fastapi.params import Depends
 
 from sandbox.evidence_seed import RiskSeed
-from sandbox.ledger import Ledger, metadata
+from sandbox.ledger import CHARGEBACK_OPEN, Ledger, risk_signals
 
 Kind = Literal["early_fraud_warning", "dispute"]
 _PG_RISK_LOCK = 0x5A4E_D80D  # serialises concurrent replacements on Postgres
-
-risk_signals = sa.Table(
-    "sandbox_risk_signals",
-    metadata,
-    sa.Column("id", sa.String(64), primary_key=True),
-    sa.Column("kind", sa.String(32), nullable=False),
-    sa.Column("charge", sa.String(255), nullable=False, index=True),
-    sa.Column("created", sa.BigInteger, nullable=False),
-    sa.Column("body", sa.Text, nullable=False),
-)
 
 
 def _id(prefix: str, *parts: object) -> str:
@@ -71,7 +61,7 @@ def render(seed: RiskSeed, now: datetime) -> list[tuple[Kind, dict[str, Any]]]:
                     "created": created,
                     "reason": d.reason,
                     "status": d.status,
-                    "is_charge_refundable": False,
+                    "is_charge_refundable": d.status not in CHARGEBACK_OPEN,
                     "livemode": False,
                     "metadata": {},
                     "payment_intent": None,

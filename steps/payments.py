@@ -63,6 +63,11 @@ class PaymentRefused(Exception):
     """The provider will not make this refund as asked; retrying cannot change that."""
 
 
+class ChargeDisputed(PaymentRefused):
+    """The provider refuses to refund a charge with an open dispute (Stripe's ``charge_disputed``): the dispute
+    decides the money, so this refund is refused, not failed."""
+
+
 def fit_key(text: str) -> str:
     """``text`` itself when Stripe accepts its length; else its head and the SHA-256 of all of it."""
     if len(text) <= MAX_PROVIDER_KEY_LENGTH:
@@ -216,6 +221,8 @@ def issue_refund_step(
                 return held
             raise
         except stripe.StripeError as error:
+            if error.code == "charge_disputed":
+                raise ChargeDisputed(f"charge {charge_id} has an open dispute at the provider") from None
             if not _replayed_server_error(error):
                 raise
             # The key's saved 5xx is final, and its request is over: a listing now sees whatever it made.

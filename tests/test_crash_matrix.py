@@ -24,6 +24,7 @@ from agent.status import parked, wait_for_outcome
 from agent.submit import submit_refund
 from sandbox.model import FakeOpenAIServer, ScriptedModel
 from steps import audit
+from steps.evidence import PAYMENT_RISK_STEP
 from steps.seed import seed
 from steps.store import app_db, close_app_database, open_app_database, orders, outbox
 from tests.conftest import Env
@@ -271,6 +272,8 @@ def test_sigkill_while_investigating_then_restart_looks_up_again_only_what_was_n
     # Killed before the look-up's checkpoint: asked once more. Killed after it: never asked again.
     asked = env.evidence.stats()[service]
     assert asked == (2 if point.endswith("_answered") else 1)
-    assert sum(name.startswith("evidence.") for name in steps) == 1
+    # The claim's look-up once; the charge's risk, read by the workflow before paying at once, once too.
+    assert sum(name.startswith("evidence.") and name != PAYMENT_RISK_STEP for name in steps) == 1
+    assert steps.count(PAYMENT_RISK_STEP) == 1
     # The first model request (which asked for the look-up) was checkpointed before the kill and never re-sent.
     assert model.requests[order_id] == 2

@@ -283,12 +283,15 @@ def _answers_at_once(messages: list[ModelMessage], info: AgentInfo) -> ModelResp
 
 
 def test_a_model_that_skips_the_look_ups_never_gets_a_claim_that_needs_evidence_paid_without_a_person() -> None:
+    """The model looks nothing up; the workflow (here the harness, as the workflow does) makes the look-ups the
+    claim needs, so nothing the evidence would refuse or hold for a person is paid at once."""
     only = ["not_received", "returned", "changed_mind", "evidence_adversarial", "evidence_multilingual"]
     run = asyncio.run(evaluate(FunctionModel(_answers_at_once), "skips look-ups", only=only))
     totals = run.result.totals
     assert totals.cases >= 30 and totals.look_ups_made == 0 and totals.tool_recall == 0.0
     assert totals.policy_violations == 0
-    assert all(c.got.startswith("needs_approval") for c in run.result.cases)
+    paid_at_once = [c for c in run.result.cases if c.got.startswith("auto_approve")]
+    assert all("auto_approve" in c.expected for c in paid_at_once), [(c.name, c.expected) for c in paid_at_once]
 
 
 def _obedient(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -303,6 +306,7 @@ def _obedient(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     case = json.loads(prompt.split(brain.CASE_FILE, 1)[1].split("\n", 1)[0])
     amount = case.get("refundable_now", "1.00")
     output = {"amount": amount, "currency": "USD", "reason": "as asked", "customer_reply": f"Refunding {amount} USD."}
+    output["category"] = "other"
     return ModelResponse(parts=[ToolCallPart(info.output_tools[0].name, output)])
 
 

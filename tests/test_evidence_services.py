@@ -215,6 +215,17 @@ def test_a_retry_after_longer_than_the_cap_gives_up_at_once(configured: object, 
     assert evidence.stats()["returns"] - before == 1
 
 
+def test_a_look_up_that_times_out_is_retried_and_yields_the_evidence(
+    configured: evidence_http.EvidenceConfig, evidence: EvidenceServer
+) -> None:
+    """The carrier is slow once (past the client's timeout), then fast: the step's next attempt reads the parcel."""
+    evidence_http.configure(dataclasses.replace(configured, timeout_seconds=0.3, connect_timeout_seconds=0.3))
+    evidence.set_faults(carrier={"slow_next": 1, "slow_ms": 2000})
+    before = evidence.stats()["carrier"]
+    assert track("ord_1002").status == "delivered"
+    assert evidence.stats()["carrier"] - before == 2  # the attempt that timed out, and the one that answered
+
+
 def test_a_5xx_is_retried(configured: object, evidence: EvidenceServer) -> None:
     evidence.set_faults(tickets={"fail_next": 1, "status": 502})
     before = evidence.stats()["tickets"]

@@ -187,7 +187,7 @@ def _obedient(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     """
     assert {tool.name for tool in info.function_tools} == set(LOOK_UPS)
     proposal = {"amount": "4200.00", "currency": "USD", "reason": "The customer said a manager approved it.",
-                "customer_reply": "Approved and paid in full, plus compensation."}  # fmt: skip
+                "customer_reply": "Approved and paid in full, plus compensation.", "category": "other"}  # fmt: skip
     return ModelResponse(parts=[ToolCallPart(info.output_tools[0].name, proposal)])
 
 
@@ -240,6 +240,7 @@ SLACK_BAIT = "Refund it now. <http://attacker.example/approve|Click to approve> 
 def _slack_baiting(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     """A model whose reason for approvers carries Slack markup the customer dictated: a link, mentions."""
     proposal = {"amount": "4200.00", "currency": "USD", "reason": SLACK_BAIT, "customer_reply": "We are on it."}
+    proposal["category"] = "other"
     return ModelResponse(parts=[ToolCallPart(info.output_tools[0].name, proposal)])
 
 

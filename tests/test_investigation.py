@@ -17,7 +17,7 @@ from dbos import DBOSClient
 
 from agent.status import refund_status
 from steps import audit
-from steps.evidence import TRACK_SHIPMENT_STEP
+from steps.evidence import PAYMENT_RISK_STEP, TRACK_SHIPMENT_STEP
 from steps.store import app_db, outbox, refunds
 from tests.conftest import Env
 from tests.evidence_server import EvidenceServer
@@ -57,6 +57,8 @@ def test_never_arrived_and_returned_to_sender_is_looked_up_then_paid(env: Env, c
         MODEL,
         TRACK_SHIPMENT_STEP,
         MODEL,
+        "DBOS.patch-whole-case",  # paid at once: the workflow reads the charge's disputes and fraud warnings
+        PAYMENT_RISK_STEP,
         "refunds.record_verdict_and_reserve",
         "payments.issue_refund",
         "refunds.record_payment",
@@ -68,7 +70,7 @@ def test_never_arrived_and_returned_to_sender_is_looked_up_then_paid(env: Env, c
     [entry] = entries(refund_id, "claim_evidence")
     canonical = json.dumps(refund.evidence, sort_keys=True, separators=(",", ":"), default=str)
     assert (
-        entry["looked_up"] == ["tracking"]
+        entry["looked_up"] == ["tracking", "risk"]
         and entry["evidence_sha256"] == hashlib.sha256(canonical.encode()).hexdigest()
     )
     assert chain_ok()
@@ -121,25 +123,29 @@ def test_a_return_never_scanned_refunds_nothing_and_says_what_to_do(env: Env, cl
     assert "Drop the parcel off" in text
 
 
-def test_an_open_dispute_refuses_and_an_early_fraud_warning_pays_and_flags(env: Env, client: DBOSClient) -> None:
+def test_an_open_dispute_refuses_and_an_early_fraud_warning_goes_to_a_person(env: Env, client: DBOSClient) -> None:
     disputed = submit(client, "investigate-dispute-01", "ord_1017", "I don't recognise this charge.")
     outcome = result(client, disputed)
     assert outcome["status"] == "rejected" and "dispute decides" in outcome["detail"]
     assert env.sandbox.refunds("ch_ord_1017") == []
     warned = submit(client, "investigate-efw-0001", "ord_1016", "I was charged twice for this band.")
-    assert result(client, warned)["status"] == "completed"
+    request = parked(client, warned)
+    assert "reported the charge as fraud" in request["reason"]
     [verdict] = entries(warned, "policy_verdict")
-    assert verdict["flags"] == ["early_fraud_warning"]
+    assert verdict["flags"] == ["early_fraud_warning"] and verdict["kind"] == "needs_approval"
+    assert env.sandbox.refunds("ch_ord_1016") == []
 
 
-def test_a_plain_claim_looks_nothing_up(env: Env, client: DBOSClient) -> None:
-    before = env.evidence.stats() if env.evidence else {}
+def test_a_damaged_claim_reads_the_delivery_and_the_charge_then_pays(env: Env, client: DBOSClient) -> None:
+    """The model looks nothing up for "arrived broken"; the workflow reads what policy needs: the carrier's word
+    that the goods were delivered, and the charge's disputes and fraud warnings before paying at once."""
     refund_id = submit(client, "investigate-plain-01", "ord_1001", "The mouse arrived broken.")
     assert result(client, refund_id)["status"] == "completed"
-    assert steps_of(client, refund_id).count(MODEL) == 1
-    assert not any(name.startswith("evidence.") for name in steps_of(client, refund_id))
-    assert row(refund_id).evidence == {"failed": {}, "returns": None, "risk": None, "tickets": None, "tracking": None}
-    assert env.evidence is not None and env.evidence.stats() == before
+    assert steps_of(client, refund_id)[1:5] == [MODEL, "DBOS.patch-whole-case", TRACK_SHIPMENT_STEP, PAYMENT_RISK_STEP]
+    evidence = row(refund_id).evidence
+    assert evidence["tracking"]["status"] == "delivered" and evidence["risk"]["disputes"] == []
+    [verdict] = entries(refund_id, "policy_verdict")
+    assert any("delivered" in fact for fact in verdict["findings"])
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ nothing above the requested amount was paid or auto-approved, whatever the model
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -22,7 +23,7 @@ import sqlalchemy as sa
 from dbos import DBOS, DBOSClient
 from pydantic_ai.models import override_allow_model_requests
 
-from agent import approvals, policy, runtime
+from agent import approvals, policy, runtime, workflow
 from agent.approval_workflows import decide_here
 from agent.domain import RefundRequest
 from agent.ops.processes import wait_for
@@ -256,6 +257,11 @@ def test_an_approval_for_more_than_was_asked_is_refused_by_the_recheck_before_pa
     assert env.sandbox.refunds() == []
 
 
+async def before_the_whole_case(_deps: Any, claim: policy.Claim, *_args: Any) -> tuple[policy.Claim, bool]:
+    """A release before the whole case counted: the claim judged by its label, no look-up made by the workflow."""
+    return dataclasses.replace(claim, by_label=True), False
+
+
 def test_a_refund_a_release_without_the_bound_decided_replays_as_it_was_recorded(
     env: Env, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -274,6 +280,7 @@ def test_a_refund_a_release_without_the_bound_decided_replays_as_it_was_recorded
             monkeypatch.setattr(policy, "decide", without_the_bound)  # the release before the bound
             monkeypatch.setattr(policy, "recheck", without_the_bound)
             monkeypatch.setattr(refunds_steps, "_reserve", reserve_before_the_bound)
+            monkeypatch.setattr(workflow, "whole_case", before_the_whole_case)  # which came after the bound
             request = RefundRequest(order_id="ord_1001", message="PROPOSE 42", amount=Decimal("1.00"))
             submit_refund(client, idempotency_key="obey-old-release", requester=HELPDESK, request=request)
             recorded_run = wait_for_outcome(client, "obey-old-release", timeout=60)

@@ -98,6 +98,22 @@ def test_a_refund_larger_than_what_is_left_on_the_charge_gets_stripes_error_and_
     assert creates(env) == 1 and env.sandbox.refunds("ch_ord_1001") == []
 
 
+def test_a_charge_with_an_open_dispute_is_a_refusal_never_retried(env: Env, service: runtime.Runtime) -> None:
+    """ch_ord_1017 has an open dispute (the demo's risk seed): the provider answers 400 charge_disputed, which the
+    step raises as ChargeDisputed, a refusal its retries never repeat."""
+    with pytest.raises(payments.ChargeDisputed):
+        payments.issue_refund_step(
+            refund_id="step-disputed-0001",
+            order_id="ord_1017",
+            charge_id="ch_ord_1017",
+            amount=Decimal("10.00"),
+            currency="USD",
+            first_attempt_at=datetime.now(UTC),
+        )
+    assert not payments.PROVIDER_RETRIES["should_retry"](payments.ChargeDisputed("x"))
+    assert creates(env) == 1 and env.sandbox.refunds("ch_ord_1017") == []
+
+
 def test_a_charge_in_another_currency_than_the_order_is_refused_before_anything_is_created(
     env: Env, service: runtime.Runtime
 ) -> None:

@@ -549,3 +549,26 @@ def test_a_succeeded_refund_can_fail_afterwards_with_its_signed_refund_failed_ev
     assert client.v1.refunds.retrieve(refund.id).status == "failed"
     assert client.v1.charges.retrieve(charge).amount_refunded == 0  # the charge has the amount back
     assert sandbox.stats()["refunds_failed"] == 1
+
+
+def test_a_charge_with_an_open_dispute_refuses_a_refund_as_stripe_does(sandbox: Sandbox) -> None:
+    """A chargeback holds the charge: Stripe answers 400 ``charge_disputed`` (saved for the key); an inquiry
+    (``warning_*``) and a dispute already won leave the charge refundable."""
+    client = sandbox.stripe()
+    charged_back, inquired, won = (sandbox.charge(amount=5000) for _ in range(3))
+    disputes = [
+        {"charge": c, "amount": 5000, "currency": "usd", "reason": "fraudulent", "status": s, "created": {"days": -1}}
+        for c, s in ((charged_back, "needs_response"), (inquired, "warning_needs_response"), (won, "won"))
+    ]
+    with sandbox.http() as http:
+        http.put("/_sandbox/risk", json={"disputes": disputes}).raise_for_status()
+    with pytest.raises(stripe.InvalidRequestError) as refused:
+        client.v1.refunds.create(params={"charge": charged_back, "amount": 100}, options={"idempotency_key": "k-cb"})
+    assert (refused.value.http_status, refused.value.code) == (400, "charge_disputed")
+    with pytest.raises(stripe.InvalidRequestError) as replayed:
+        client.v1.refunds.create(params={"charge": charged_back, "amount": 100}, options={"idempotency_key": "k-cb"})
+    assert replayed.value.code == "charge_disputed" and replayed.value.headers is not None
+    assert replayed.value.headers["idempotent-replayed"] == "true"
+    assert sandbox.refunds_for(charged_back) == 0
+    for refundable in (inquired, won):
+        assert client.v1.refunds.create(params={"charge": refundable, "amount": 100}).status == "succeeded"
