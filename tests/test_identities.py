@@ -288,6 +288,10 @@ def test_a_person_is_one_requester_and_one_limit_whichever_client_or_command_lin
         over = svc.http.post("/refunds/person-henry-02/approval", json=body, headers=_bearer(henry_bot))
         assert over.status_code == 403 and "operator:henry" in over.json()["detail"], over.text
         assert "100.00 USD" in over.json()["detail"]
+        # A client acting for someone who is not (or no longer) an operator who decides, decides nothing.
+        ghost = _key("bot-ghost", "approvals:decide", operator="ghost")
+        gone = svc.http.post("/refunds/person-henry-02/approval", json=body, headers=_bearer(ghost))
+        assert gone.status_code == 403 and "operator:ghost, who may not decide" in gone.json()["detail"], gone.text
 
         # The command line decides as its real user whatever USER says, and as the operator of that name.
         mallory = {"USER": "mallory", "LOGNAME": "mallory"}
