@@ -10,7 +10,7 @@ so each of these runs at most once per refund, and a repeated or concurrent deci
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -153,6 +153,7 @@ def decide(
     currency: str,
     asked: Decimal | None = None,
     authority: Mapping[str, Mapping[str, Decimal]] | None = None,
+    deciders: Collection[str] | None = None,
     now: datetime | None = None,
 ) -> DecisionResult:
     """Take a person's decision for ``amount`` (at most what the refund awaits; None: what it awaits); the first
@@ -161,8 +162,9 @@ def decide(
     ``asked`` is the amount the approver was shown as awaited, when the channel showed one (a page, a link):
     a decision taken on a stale view is refused. ``approver`` is who the channel (``via``) established: a
     signed-in operator, the approver a link was sent to, an allow-listed Slack user's operator, an API client,
-    the OS user. The refund's requester may never decide it; ``authority`` caps the amount a principal may
-    approve (settings ``APPROVAL_LIMITS``)."""
+    the OS user. The refund's requester may never decide it, whichever principal the same person uses;
+    ``authority`` caps the amount a principal (and the operator it acts for) may approve (settings
+    ``APPROVAL_LIMITS``); ``deciders``: the operators who may decide now, for a principal acting for one."""
     now = now or datetime.now(UTC)
     checked = check(
         refund_id=refund_id,
@@ -172,6 +174,7 @@ def decide(
         currency=currency,
         asked=asked,
         authority=authority,
+        deciders=deciders,
         now=now,
     )
     if checked.standing is not None:
@@ -200,6 +203,7 @@ def decide_pending(
     via: str,
     authority: Mapping[str, Mapping[str, Decimal]] | None = None,
     amount: Decimal | None = None,
+    deciders: Collection[str] | None = None,
 ) -> DecisionResult:
     """Decide in the currency the refund is waiting on, for ``amount`` (an approval of less) or the amount it
     awaits."""
@@ -216,6 +220,7 @@ def decide_pending(
         amount=amount,
         currency=request.currency,
         authority=authority,
+        deciders=deciders,
     )
 
 

@@ -145,13 +145,25 @@ def _open() -> Any:
     return runtime.client(settings)
 
 
+def os_user() -> str:
+    """The name of the process's real user (its uid's password entry), never an environment variable: ``USER``
+    and ``LOGNAME`` are whatever the caller set. A uid without an entry (a container's) is ``uid<n>``."""
+    import os
+    import pwd
+
+    uid = os.getuid()
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid{uid}"
+
+
 def os_principal() -> Principal:
-    """The command line acts as the OS user running it (``cli:<user>``): who submits, who decides."""
-    import getpass
+    """The command line acts as the OS user running it (``cli:<user>``): who submits, who decides. An OS user
+    named as a configured operator is that operator in every check (requester, approval limits, role)."""
+    from agent.identity import cli_principal
 
-    from agent.identity import Principal
-
-    return Principal("cli", getpass.getuser())
+    return cli_principal(os_user(), get_settings().refund_agent_operators)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -163,7 +175,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     client = _open()
     try:
-        requester = Requester(principal=str(os_principal()))
+        me = os_principal()
+        requester = Requester(principal=str(me), operator=me.acts_for)
         if args.api_key_file:  # as the API client whose key this is (the key is the proof, not a typed name)
             found = clients.authenticate(app_db().engine, args.api_key_file.read_text().strip())
             if found is None or not found.allows("refunds:create"):
@@ -209,6 +222,7 @@ def cmd_steps(args: argparse.Namespace) -> int:
 
 def cmd_decide(args: argparse.Namespace) -> int:
     from agent import approvals
+    from agent.identity import approver_names
 
     client = _open()
     decision: approvals.Decision = "approve" if args.command == "approve" else "reject"
@@ -221,6 +235,7 @@ def cmd_decide(args: argparse.Namespace) -> int:
             approver=os_principal(),
             via="cli",
             authority=get_settings().approval_limits,
+            deciders=approver_names(get_settings().refund_agent_operators),
             amount=approvals.parse_amount(args.amount) if getattr(args, "amount", None) else None,
         )
     except approvals.ApprovalError as error:

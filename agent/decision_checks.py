@@ -7,7 +7,7 @@ the console's confirmation runs it before it asks.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -34,17 +34,27 @@ class ApprovalError(Exception):
 def authority_refusal(
     approver: Principal, amount: Decimal, currency: str, limits: Mapping[str, Mapping[str, Decimal]]
 ) -> str | None:
-    """Why ``approver`` may not approve ``amount``, or None. A principal without a limit is not limited."""
-    mine = limits.get(str(approver))
-    if mine is None:
-        return None
-    most = mine.get(currency)
-    if most is None:
-        return f"{approver} has no approval authority in {currency}"
-    if amount > most:
-        most_text, approving = format_money(most, currency), format_money(amount, currency)
-        return f"{approver} may approve up to {most_text}; this approval is for {approving}"
+    """Why ``approver`` may not approve ``amount``, or None. The principal's own limit applies, and so does the
+    limit of the operator it acts for (a person's limit holds through every client and command line acting for
+    them). A principal without a limit, acting for nobody with one, is not limited."""
+    holders = [str(approver)]
+    if approver.person is not None and approver.kind != "operator":
+        holders.append(str(Principal("operator", approver.person)))
+    for holder in holders:
+        mine = limits.get(holder)
+        if mine is None:
+            continue
+        most = mine.get(currency)
+        if most is None:
+            return f"{_as(approver, holder)} has no approval authority in {currency}"
+        if amount > most:
+            most_text, approving = format_money(most, currency), format_money(amount, currency)
+            return f"{_as(approver, holder)} may approve up to {most_text}; this approval is for {approving}"
     return None
+
+
+def _as(approver: Principal, holder: str) -> str:
+    return str(approver) if holder == str(approver) else f"{approver} (acting for {holder})"
 
 
 def parse_amount(text: str) -> Decimal:
@@ -81,15 +91,40 @@ def amount_refusal(
 
 
 def requester_refusal(request: ApprovalRequest, approver: Principal) -> str | None:
-    """Why ``approver`` may not decide this refund because it asked for it, or None (separation of duties)."""
+    """Why ``approver`` may not decide this refund because it asked for it, or None (separation of duties, per
+    person: the principal that asked, the operator it acted for, and every client or OS user acting for that
+    operator are one requester)."""
     if request.requested_by is not None and str(approver) == request.requested_by:
         return f"{approver} requested refund {request.refund_id}; the requester cannot decide it"
-    if approver.kind == "operator" and approver.name == request.requester_operator:
+    if is_requester(approver, request.requested_by, request.requester_operator):
+        acting = "" if approver.kind == "operator" else f" (acting for operator:{approver.person})"
         return (
-            f"{approver} is the operator of the client that requested refund {request.refund_id}; "
-            "the requester cannot decide it"
+            f"{approver}{acting} is the person who requested refund {request.refund_id} "
+            f"(through {request.requested_by}); the requester cannot decide it"
         )
     return None
+
+
+def is_requester(approver: Principal, requested_by: str | None, requester_operator: str | None) -> bool:
+    """Whether ``approver`` is the refund's requester: the same principal, or the same person (the operator the
+    requester acted for, or the requesting operator itself)."""
+    if requested_by is not None and str(approver) == requested_by:
+        return True
+    persons = {requester_operator} if requester_operator else set()
+    kind, _, name = (requested_by or "").partition(":")
+    if kind == "operator":
+        persons.add(name)
+    return approver.person is not None and approver.person in persons
+
+
+def deciding_refusal(approver: Principal, deciders: Collection[str] | None) -> str | None:
+    """Why ``approver``, acting for an operator, may not decide at all, or None: a client or an OS user acting for
+    an operator decides only while that operator may (configured, role approver or admin: ``deciders``). An
+    operator's own channels (console session, link, Slack) establish that themselves; None for ``deciders``:
+    not checked."""
+    if deciders is None or approver.kind == "operator" or approver.person is None or approver.person in deciders:
+        return None
+    return f"{approver} acts for operator:{approver.person}, who may not decide refunds"
 
 
 @dataclass(frozen=True)
@@ -110,11 +145,15 @@ def check(
     currency: str,
     asked: Decimal | None = None,
     authority: Mapping[str, Mapping[str, Decimal]] | None = None,
+    deciders: Collection[str] | None = None,
     now: datetime | None = None,
 ) -> Checked:
     """Every check a decision passes before it is recorded (``decide``); the console's confirmation runs them
-    before it asks. Raises ``ApprovalError`` for a decision that cannot be taken."""
+    before it asks. Raises ``ApprovalError`` for a decision that cannot be taken. ``deciders``: the operators who
+    may decide now (``agent.identity.approver_names``), for a principal acting for one."""
     now = now or datetime.now(UTC)
+    if refused := deciding_refusal(approver, deciders):
+        raise ApprovalError("not_a_decider", refused)
     with app_db().engine.connect() as conn:
         existing = recorded_decision(conn, refund_id)
         request = approval_request(conn, refund_id)

@@ -5,12 +5,17 @@ console operator, signed in, or the approver a link was sent to, or a Slack user
 ``cli:root`` (the OS user running the command line), ``system`` (the deadline). The kind comes from the
 channel, never from what a caller typed: names may not contain ``:``, so no typed name can pass for
 another channel's principal.
+
+A person is one identity whatever the door: a principal may act for an operator (``acts_for``: the operator
+a client was added for, the operator whose name the command line's OS user has), and is then that operator
+in every check of a decision: the requester's, approval limits, and whether the operator may decide at all.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Literal
 
 from steps.records import NAME_PATTERN, SCOPES, Scope
@@ -26,6 +31,7 @@ __all__ = [
     "Role",
     "Scope",
     "approver_names",
+    "cli_principal",
     "parse_operators",
     "valid_name",
 ]
@@ -50,12 +56,23 @@ def valid_name(name: str) -> bool:
 class Principal:
     kind: PrincipalKind
     name: str
+    acts_for: str | None = field(default=None, compare=False)
+    """The operator this principal acts for (an API client added ``--operator``, a mapped OS user), if any:
+    established by the channel with the principal; not part of its name."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"unknown principal kind {self.kind!r}")
         if self.kind != "system" and not valid_name(self.name):
             raise ValueError(f"{self.kind} name {self.name!r} is not 1-100 letters, digits or ._@- (no ':')")
+        if self.acts_for is not None and not valid_name(self.acts_for):
+            raise ValueError(f"operator name {self.acts_for!r} is not 1-100 letters, digits or ._@- (no ':')")
+
+    @property
+    def person(self) -> str | None:
+        """The operator this principal is in every check: an operator is themself; a client or an OS user is the
+        operator it acts for; None when it acts for nobody."""
+        return self.name if self.kind == "operator" else self.acts_for
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.name}"
@@ -97,6 +114,13 @@ def parse_operators(configured: dict[str, str]) -> dict[str, Operator]:
             raise ValueError(f"operator name {name!r} is not 1-100 letters, digits or ._@- (no ':')")
         operators[name] = Operator(name, role, hashed)
     return operators
+
+
+def cli_principal(user: str, configured: Mapping[str, str]) -> Principal:
+    """The command line's principal for the OS user ``user``: ``cli:<user>``, acting for the operator of the same
+    name when one is configured (the generated ``admin`` when none is), so that person's checks apply to it."""
+    operators = set(configured) or {DEFAULT_ADMIN}
+    return Principal("cli", user, acts_for=user if user in operators else None)
 
 
 def approver_names(configured: dict[str, str]) -> tuple[str, ...]:

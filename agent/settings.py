@@ -159,7 +159,8 @@ class Settings(BaseSettings):
     approval_limits: dict[str, dict[str, Decimal]] = Field(default_factory=dict)
     """Approval authority, as JSON: principal -> currency -> the most it may approve, e.g.
     ``{"operator:dana": {"USD": "5000.00"}, "client:helpdesk-bot": {"USD": "500.00"}}``. A principal listed
-    may approve only in the currencies listed, up to those amounts; one not listed is not limited."""
+    may approve only in the currencies listed, up to those amounts; one not listed is not limited. A client or
+    OS user acting for an operator is held to that ``operator:<name>``'s limit as well as its own."""
     refund_agent_operators: dict[str, str] = Field(default_factory=dict)
     """Console operators as JSON, name -> "role:password-hash" (role ``viewer``, ``approver`` or ``admin``; the
     hash from ``refund-agent hash-password``). Unset: one ``admin`` whose password is generated into the data

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import getpass
 import re
 import shutil
 import signal
@@ -15,8 +14,9 @@ from typing import Any
 import httpx
 
 from agent import approvals
+from agent.cli import os_user
 from agent.domain import RefundRequest
-from agent.identity import Principal
+from agent.identity import Principal, cli_principal
 from agent.ops.processes import child_env, free_port, http_ok, spawn, stop, wait_for
 from agent.settings import Settings
 from agent.status import parked, refund_status, timeline_lines
@@ -137,7 +137,7 @@ class Demo:
             refused = error.code == "requester"
         self.say("the help desk's client tried to approve the refund it requested: refused")
         self.check("the requester cannot approve its own refund", refused)
-        me = Principal("cli", getpass.getuser())
+        me = cli_principal(os_user(), self.settings.refund_agent_operators)
         result = approvals.decide_pending(decider, refund_id=REFUND_ID, decision="approve", approver=me, via="cli")
         eve = Principal("operator", "eve")
         repeat = approvals.decide_pending(decider, refund_id=REFUND_ID, decision="reject", approver=eve, via="console")

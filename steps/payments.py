@@ -6,7 +6,9 @@ carries this refund's base key. Stripe saves a 5xx for a key once the endpoint s
 replays it for 24 hours, so a key that answered a *replayed* 5xx can never succeed; once a listing made
 after that replay shows the provider holds nothing for the refund, the next attempt key is used
 (``attempt_key(..., n + 1)``). Every create carries the base key in its metadata, so a refund made under
-any attempt key is found by the same listing. README, "Payments", states the rule.
+any attempt key is found by the same listing. A replayed create answers the refund as it was when first
+made (``succeeded``, though the provider may have failed it since), so it is read again before it is
+booked. README, "Payments", states the rule.
 """
 
 from __future__ import annotations
@@ -237,6 +239,8 @@ def issue_refund_step(
             continue
         crash_point("after_provider_call")
         record = _to_record(refund, sent)
+        if record.replayed:  # the saved answer is the refund as it was first made: book it as it stands now
+            record = _to_record(_client().v1.refunds.retrieve(refund.id), sent).model_copy(update={"replayed": True})
         settled = "paid" if record.status == "succeeded" else f"left {record.status}"
         log.info(
             "refund %s %s: provider refund %s (replayed=%s)",

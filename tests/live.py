@@ -59,8 +59,7 @@ class LiveService:
                 PAYMENTS_API_KEY=keys.payments_api_key,
                 REFUND_AGENT_PORT=str(self.port),
                 REFUND_AGENT_EXECUTOR_ID="test-live",
-                **approver_env(),
-                **(overrides or {}),
+                **{**approver_env(), **(overrides or {})},  # an override may replace the operators
             ),
             drop=("REFUND_AGENT_CRASH_AT", "REFUND_AGENT_MODEL", "REFUND_AGENT_MODEL_BASE_URL"),
         )

@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import json
 import os
+import pwd
 import subprocess
 import sys
 import time
@@ -31,7 +32,7 @@ from steps import clients
 from steps.store import app_db
 from tests.conftest import Env
 from tests.console_server import csrf_of
-from tests.identities import DANA_PASSWORD, SLACK_DANA, link_token
+from tests.identities import DANA_PASSWORD, SLACK_DANA, link_token, operators_json
 from tests.live import LiveService, live_service
 
 FORM = "application/x-www-form-urlencoded"
@@ -87,10 +88,10 @@ def _console_decision(svc: LiveService, refund_id: str) -> httpx.Response:
         )
 
 
-def _cli(svc: LiveService, *args: str) -> subprocess.CompletedProcess[str]:
+def _cli(svc: LiveService, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "agent.cli", *args],
-        env={**os.environ, **svc.vars},
+        env={**os.environ, **svc.vars, **(env or {})},
         capture_output=True,
         text=True,
         timeout=120,
@@ -238,3 +239,98 @@ def test_nobody_can_type_a_name_to_pass_for_an_approver(env: Env, tmp_path: Path
 def test_settings_refuse_names_that_carry_a_channel_prefix(variable: dict[str, Any]) -> None:
     with pytest.raises(ValidationError):
         Settings(**variable)
+
+
+def _operators(**roles: str) -> str:
+    """``REFUND_AGENT_OPERATORS`` with dana (approver) and these operators (name -> role)."""
+    from agent.console.auth import hash_password
+
+    configured = json.loads(operators_json())
+    configured |= {name: f"{role}:{hash_password(f'{name}-passphrase')}" for name, role in roles.items()}
+    return json.dumps(configured)
+
+
+def _waiting(svc: LiveService, key: str, order_id: str, by: str) -> dict[str, Any]:
+    """A refund ``by`` (a client's key) submitted and the service parked for a person."""
+    assert _submit(svc, by, key, order_id).status_code == 202
+    return svc.until(key, "awaiting_approval", headers=svc.approver)
+
+
+def test_a_person_is_one_requester_and_one_limit_whichever_client_or_command_line_acts_for_them(
+    env: Env, tmp_path: Path
+) -> None:
+    """henry asks through one client and decides through another; the OS user running the command line is an
+    operator too. Each is that person in every check: the requester's, and their approval limit."""
+    me = pwd.getpwuid(os.getuid()).pw_name  # the command line's person: its real user, whatever USER says
+    limits = {"operator:henry": {"USD": "100.00"}, f"operator:{me}": {"USD": "50.00"}}
+    operators = _operators(henry="approver", **{me: "approver"})
+    with live_service(env, tmp_path, APPROVAL_LIMITS=json.dumps(limits), REFUND_AGENT_OPERATORS=operators) as (svc, _):
+        henry_desk = _key("helpdesk-henry", "refunds:create,refunds:read", operator="henry")
+        henry_bot = _key("bot-henry", "approvals:decide", operator="henry")
+        mine = _key("helpdesk-me", "refunds:create", operator=me)
+        waiting = _waiting(svc, "person-henry-01", "ord_1002", henry_desk)
+        assert (waiting["requested_by"], waiting["requester_operator"]) == ("client:helpdesk-henry", "henry")
+
+        # henry's other client: no link in its view, refused over the API and through a link bound to it.
+        assert "token" not in svc.http.get("/refunds/person-henry-01", headers=_bearer(henry_bot)).json()["approval"]
+        body = {"decision": "approve", "amount": "4200.00", "currency": "USD"}
+        api = svc.http.post("/refunds/person-henry-01/approval", json=body, headers=_bearer(henry_bot))
+        assert api.status_code == 403 and "requester" in api.json()["detail"], api.text
+        expires = datetime.fromisoformat(waiting["approval"]["request"]["expires_at"])
+        claims = tokens.ApprovalClaims("person-henry-01", Decimal("4200.00"), "USD", expires, "client:bot-henry")
+        bound = tokens.sign(claims, svc.keys.signing_secret.encode())
+        link = svc.http.post(f"/approve/{bound}", content="decision=approve", headers={"Content-Type": FORM})
+        assert link.status_code == 403 and "requester" in link.text
+
+        # henry's limit holds through his client, on a refund someone else asked for.
+        other = _waiting(svc, "person-henry-02", "ord_1009", svc.keys.api_token)["approval"]["request"]
+        body = {"decision": "approve", "amount": other["amount"], "currency": "USD"}
+        over = svc.http.post("/refunds/person-henry-02/approval", json=body, headers=_bearer(henry_bot))
+        assert over.status_code == 403 and "operator:henry" in over.json()["detail"], over.text
+        assert "100.00 USD" in over.json()["detail"]
+        # A client acting for someone who is not (or no longer) an operator who decides, decides nothing.
+        ghost = _key("bot-ghost", "approvals:decide", operator="ghost")
+        gone = svc.http.post("/refunds/person-henry-02/approval", json=body, headers=_bearer(ghost))
+        assert gone.status_code == 403 and "operator:ghost, who may not decide" in gone.json()["detail"], gone.text
+
+        # The command line decides as its real user whatever USER says, and as the operator of that name.
+        mallory = {"USER": "mallory", "LOGNAME": "mallory"}
+        _waiting(svc, "person-cli-0001", "ord_1012", mine)
+        own = _cli(svc, "approve", "person-cli-0001", env=mallory)
+        assert own.returncode == 2 and "requester" in own.stderr, own.stderr
+        limited = _cli(svc, "approve", "person-henry-02", env=mallory)
+        assert limited.returncode == 2 and "50.00 USD" in limited.stderr and f"operator:{me}" in limited.stderr
+        rejected = _cli(svc, "reject", "person-henry-02", env=mallory)
+        assert rejected.returncode == 0, rejected.stderr
+        decided = svc.until("person-henry-02", "rejected", headers=svc.approver)["approval"]
+        assert (decided["approver"], decided["via"]) == (f"cli:{me}", "cli")
+        _undecided(svc, "person-henry-01")
+        _undecided(svc, "person-cli-0001")
+        assert env.sandbox.refunds() == []
+
+
+def test_slack_decides_only_with_its_own_buttons_and_only_for_an_operator_who_may_decide(
+    env: Env, tmp_path: Path
+) -> None:
+    """A genuine token bound to an operator or a client is not a Slack button; a Slack id mapped to a viewer, or
+    to an operator no longer configured, decides nothing. The allow-listed approver then decides."""
+    slack = {SLACK_DANA: "dana", "T0001/U0002": "vic", "T0001/U0003": "gone"}
+    operators = _operators(vic="viewer")
+    with live_service(env, tmp_path, REFUND_AGENT_OPERATORS=operators, SLACK_APPROVERS=json.dumps(slack)) as (svc, _):
+        assert svc.submit("slack-only-0001", "ord_1002").status_code == 202
+        expires = svc.until("slack-only-0001", "awaiting_approval")["approval"]["request"]["expires_at"]
+        for bound in ("operator:dana", "client:approvals-desk"):
+            claims = tokens.ApprovalClaims(
+                "slack-only-0001", Decimal("4200.00"), "USD", datetime.fromisoformat(expires), bound
+            )
+            text = _slack_click(svc, tokens.sign(claims, svc.keys.signing_secret.encode()), SLACK_DANA)
+            assert "not one of Slack's buttons" in text, (bound, text)
+        button = _slack_token(svc, "slack-only-0001", expires)
+        viewer = _slack_click(svc, button, "T0001/U0002")
+        assert "maps to vic, who may not decide" in viewer, viewer
+        removed = _slack_click(svc, button, "T0001/U0003")
+        assert "maps to gone, who may not decide" in removed, removed
+        _undecided(svc, "slack-only-0001")
+        assert env.sandbox.refunds() == []
+        assert "approve by operator:dana" in _slack_click(svc, button, SLACK_DANA)
+        assert svc.until("slack-only-0001", "completed")["approval"]["via"] == f"slack:{SLACK_DANA}"

@@ -20,9 +20,11 @@ from dbos import DBOSClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent import runtime
+from agent.console import actions
 from agent.http.server import create_app
 from agent.ops.processes import free_port, wait_for
 from agent.settlement import event_options, event_workflow_id
+from agent.workflow import REFUND_QUEUE
 from sandbox.webhooks import sign
 from steps.payments import fetch_refund, idempotency_key
 from steps.provider_events import ProviderEvent
@@ -322,4 +324,35 @@ def test_a_refund_that_fails_after_it_succeeded_is_reversed_once_released_and_al
     assert len(svc.slack.received("webhook")) == 1
     assert svc.metric(source="webhook", outcome="accepted", reason="reversed") == 1
     assert svc.metric(source="webhook", outcome="ignored", reason="already_settled") == 3
+    assert chain_ok()
+
+
+def test_a_reversed_refund_is_never_retried_into_a_paid_row_and_row_and_provider_agree(svc: Service) -> None:
+    """The console does not offer to retry a refund the provider reversed; forced anyway (a fork from its payment
+    step, as `dbos workflow fork` could), the provider's replayed "succeeded" is read again before it is booked:
+    the row says failed, the order refundable, as the provider has it."""
+    refund_id = submit(svc.client, "prov-no-retry-01")
+    until(svc.client, refund_id, "completed")
+    provider_refund_id = row(refund_id).provider_refund_id
+    httpx.post(
+        f"{svc.env.sandbox.base_url}/_sandbox/refunds/{provider_refund_id}/fail",
+        json={"failure_reason": "lost_or_stolen_card"},
+        headers=SANDBOX,
+    ).raise_for_status()
+    until(svc.client, refund_id, "failed", timeout=60)
+    refused = actions.refusal(svc.client, refund_id, "fork")
+    assert refused is not None and provider_refund_id in refused and "submit a new refund" in refused, refused
+
+    steps = svc.client.list_workflow_steps(refund_id)
+    [reserve] = [s["function_id"] for s in steps if s["function_name"] == "refunds.record_verdict_and_reserve"]
+    version = svc.env.settings().refund_agent_app_version
+    fork = svc.client.fork_workflow(refund_id, reserve, application_version=version, queue_name=REFUND_QUEUE)
+    outcome = wait_for(lambda: finished(svc.client, fork.get_workflow_id()), timeout=60, what="the forced retry")
+    assert (outcome["status"], outcome.get("provider_status")) == ("failed", "failed"), outcome
+    provider = svc.provider_refund(provider_refund_id)
+    assert provider["status"] == "failed" and len(svc.env.sandbox.refunds("ch_ord_1001")) == 1
+    assert row(refund_id).status == "failed" and refunded_minor("ord_1001") == 0  # as the provider has it
+    paid = [e for e in audit_events(refund_id) if e == "refund_paid"]
+    assert len(paid) == 1  # the first payment only: the replay was never booked
+    assert actions.refusal(svc.client, refund_id, "fork") is not None
     assert chain_ok()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import getpass
 import os
 import shutil
 import subprocess
@@ -14,6 +13,7 @@ import sqlalchemy as sa
 from dbos import DBOSClient
 
 from agent import runtime
+from agent.cli import os_user
 from agent.ops.processes import child_env, wait_for
 from agent.status import parked, wait_for_outcome
 from steps import audit
@@ -46,7 +46,7 @@ def test_cli_submits_approves_once_and_reports_status(env: Env, client: DBOSClie
     assert submitted.returncode == 0, submitted.stderr
     wait_for(lambda: parked(client, "cli-refund-0001"), timeout=60, what="the refund to park")
     approved = cli(env, "approve", "cli-refund-0001")
-    assert approved.returncode == 0 and f"approve by cli:{getpass.getuser()}" in approved.stdout, approved.stderr
+    assert approved.returncode == 0 and f"approve by cli:{os_user()}" in approved.stdout, approved.stderr
     rejected = cli(env, "reject", "cli-refund-0001")
     assert rejected.returncode == 3 and "recorded earlier" in rejected.stdout
     wait_for_outcome(client, "cli-refund-0001")

@@ -68,17 +68,20 @@ def refusal(client: DBOSClient, refund_id: str, action: Action) -> str | None:
     return _refusal(wf, refund_id, action)
 
 
-def _standing(refund_id: str) -> tuple[str, str | None]:
-    """The refund's phase (``agent.console.phases``) and its provider refund, if it was paid."""
+def _standing(refund_id: str) -> tuple[str, str | None, str | None]:
+    """The refund's phase (``agent.console.phases``), its provider refund if the provider made one, and that
+    refund's status as last read."""
     with app_db().engine.connect() as conn:
         row = conn.execute(
-            sa.select(refunds.c.status, refunds.c.provider_refund_id, approval_decisions.c.decision)
+            sa.select(
+                refunds.c.status, refunds.c.provider_refund_id, refunds.c.provider_status, approval_decisions.c.decision
+            )
             .outerjoin(approval_decisions, approval_decisions.c.refund_id == refunds.c.refund_id)
             .where(refunds.c.refund_id == refund_id)
         ).first()
     if row is None:
-        return "deciding", None
-    return phase_of(row.status, row.decision).key, row.provider_refund_id
+        return "deciding", None, None
+    return phase_of(row.status, row.decision).key, row.provider_refund_id, row.provider_status
 
 
 # Why an action does not apply, in the words a support lead uses, by the refund's phase.
@@ -91,7 +94,7 @@ PAYMENT_PHASES = ("paying", "settling")
 
 
 def _refusal(wf: Any, refund_id: str, action: Action) -> str | None:
-    phase, paid = _standing(refund_id)
+    phase, paid, provider_status = _standing(refund_id)
     running = wf.status in ("ENQUEUED", "PENDING", "DELAYED")
     if action == "cancel":
         if phase == "parked":
@@ -119,6 +122,13 @@ def _refusal(wf: Any, refund_id: str, action: Action) -> str | None:
         return "this refund is running; only a stopped or stuck refund is resumed"
     if phase == "paid":
         return f"this refund is already paid (provider refund {paid}); a retry would only replay that payment"
+    if phase == "failed" and paid is not None:
+        # Its key belongs to a refund the provider made and then failed: replaying it pays nothing new.
+        return (
+            f"the provider made this refund ({paid}) and it then {provider_status or 'failed'}; a retry would only "
+            "replay that payment's key. To pay the customer, submit a new refund for the order: it is judged and "
+            "paid under its own key"
+        )
     if running:
         return "this refund is still running; stop it before retrying its payment"
     if phase in ENDED:

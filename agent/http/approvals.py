@@ -49,6 +49,7 @@ _STATUS = {
     "above_ask": 422,
     "requester": 403,
     "authority": 403,
+    "not_a_decider": 403,
 }
 #: The link pages carry a capability in their URL: never framed, cached, or sent on as a referrer.
 PAGE_HEADERS = {
@@ -102,6 +103,7 @@ def decide(
             currency=currency,
             asked=asked,
             authority=svc.settings.approval_limits,
+            deciders=approver_names(svc.settings.refund_agent_operators),
         )
     except approvals.ApprovalError as error:
         recorded = error.recorded.model_dump(mode="json") if error.recorded else None
@@ -145,7 +147,7 @@ def link_approver(svc: Services, claims: tokens.ApprovalClaims) -> Principal:
     if approver.kind == "client":
         found = clients.get_client(app_db().engine, approver.name)
         if found is not None and found.allows("approvals:decide"):
-            return approver
+            return principal_of(found)  # acting for its operator, as over the API
     raise Problem(403, f"{approver} may no longer decide refunds")
 
 

@@ -27,7 +27,8 @@ ClientDep = Annotated[ApiClient, Depends(current_client)]
 
 
 def principal_of(client: ApiClient) -> Principal:
-    return Principal("client", client.name)
+    """The client as a principal, acting for its operator (if it was added for one): that person in every check."""
+    return Principal("client", client.name, acts_for=client.operator)
 
 
 def requiring(*scopes: Scope) -> Callable[[ApiClient], ApiClient]:

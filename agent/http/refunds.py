@@ -14,6 +14,7 @@ from fastapi import APIRouter, Depends, Header, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from agent import policy, tokens
+from agent.decision_checks import is_requester
 from agent.domain import RefundRequest
 from agent.http.clients import current_client, principal_of, requiring, sees_every_refund
 from agent.http.problems import Problem
@@ -132,7 +133,8 @@ def _with_links(svc: Services, client: ApiClient, status: dict[str, Any]) -> dic
     approval: dict[str, Any] = status.get("approval") or {}
     request = approval.get("request") if approval.get("decision") is None else None
     me = str(principal_of(client))
-    may_decide = client.allows("approvals:decide") and me != status.get("requested_by")
+    requester = is_requester(principal_of(client), status.get("requested_by"), status.get("requester_operator"))
+    may_decide = client.allows("approvals:decide") and not requester
     if request and status["status"] == "awaiting_approval" and may_decide:
         claims = tokens.ApprovalClaims(
             refund_id=status["refund_id"],
