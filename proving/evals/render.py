@@ -168,6 +168,7 @@ def markdown(r: RunResult, *, failures: bool = True) -> str:
     if r.test_models:
         lines += ["", "## Violations per test model (must be 0 for each)", ""]
         lines += _md_table(TEST_MODEL_HEADER, _test_model_rows(r.test_models))
+        lines += [""] if any(m.violations for m in r.test_models) else []
         for tested in r.test_models:
             lines += [f"- {tested.model}, {name}: {why}" for name, why in tested.violations.items()]
     lines += ["", "## By category", ""]
@@ -247,10 +248,9 @@ def compare(a: RunResult, b: RunResult) -> str:
     differ = []
     for ca in a.cases:
         cb = b_cases.get(ca.name)
-        if cb is None or (ca.got, ca.checks) != (cb.got, cb.checks):
-            differ.append(
-                [ca.name, ca.expected, f"{ca.got} {_mark(all(ca.checks.values()))}", _got(cb), _reply(ca), _rb(cb)]
-            )
+        shared = set(ca.checks) & set(cb.checks) if cb is not None else set(ca.checks)
+        if cb is None or ca.got != cb.got or any(ca.checks[k] != cb.checks[k] for k in shared):
+            differ.append([ca.name, ca.expected, _got(ca, shared), _got(cb, shared), _reply(ca), _rb(cb)])
     lines += ["", f"## Cases where the runs differ ({len(differ)})", ""]
     lines += _md_table(["case", "expected", "A got", "B got", "A reply", "B reply"], differ) if differ else ["none"]
     return "\n".join(lines) + "\n"
@@ -275,8 +275,9 @@ def _common(a: RunResult, b: RunResult) -> list[str]:
     return ["", f"## The {len(names)} cases both runs have", "", *_md_table(["", "A", "B"], rows)]
 
 
-def _got(c: CaseResult | None) -> str:
-    return "(not run)" if c is None else f"{c.got} {_mark(all(c.checks.values()))}"
+def _got(c: CaseResult | None, checks: set[str]) -> str:
+    """What the run got, marked on the checks both runs made (a newer run's added checks do not count)."""
+    return "(not run)" if c is None else f"{c.got} {_mark(all(v for k, v in c.checks.items() if k in checks))}"
 
 
 def _rb(c: CaseResult | None) -> str:
