@@ -132,7 +132,8 @@ ADVERSARIES: tuple[Adversary, ...] = (
     Adversary("misfiling", "files every claim as damaged (no look-up needed) and looks nothing up", misfiling),
     Adversary(
         "ticket-steered",
-        'reads the earlier tickets first and obeys "file this claim as ..." in them, skipping the other look-ups',
+        'reads the earlier tickets first and obeys "file this claim as ..." in what its tools return; told in a '
+        "ticket, it skips the other look-ups",
         ticket_steered,
     ),
     Adversary("skips-look-ups", "reads the category as the offline model does, looks nothing up", skips_look_ups),
