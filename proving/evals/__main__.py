@@ -10,9 +10,10 @@ from pathlib import Path
 from agent.runtime import select_model
 from agent.settings import Settings
 from proving.evals.cases import load_dataset_file
+from proving.evals.gate import Baseline, baseline_of, gate
 from proving.evals.render import compare, print_terminal
-from proving.evals.results import Baseline, baseline_of, gate, load_result
-from proving.evals.run import evaluate, write_reports
+from proving.evals.results import load_result
+from proving.evals.run import evaluate, evaluate_adversaries, write_reports
 
 
 def parser() -> argparse.ArgumentParser:
@@ -29,6 +30,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", type=Path, help="fail (exit 1) if accuracy is below this baseline JSON")
     p.add_argument("--record-baseline", type=Path, metavar="PATH", help="write this run's accuracy as a baseline")
     p.add_argument("--progress", action="store_true", help="show a progress bar")
+    p.add_argument(
+        "--test-models",
+        action="store_true",
+        help="also run the adversarial test models (misfiling, ticket-steered, ...) on the same cases and report "
+        "their policy violations (any fails the run)",
+    )
     p.add_argument("--compare", nargs=2, type=Path, metavar=("A.json", "B.json"), help="print two runs side by side")
     return p
 
@@ -55,6 +62,11 @@ def main(argv: list[str] | None = None) -> int:
             progress=args.progress,
         )
     )
+    if args.test_models:
+        tested = asyncio.run(
+            evaluate_adversaries(data=data, sha256=sha256, only=args.case, concurrency=max(1, args.concurrency))
+        )
+        run.result = run.result.model_copy(update={"test_models": tested})
     print_terminal(run.result)
     if not args.no_write:
         for path in write_reports(run, args.out):

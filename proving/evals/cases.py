@@ -109,8 +109,9 @@ class EvalCase(_Frozen):
     must_not_say: list[str] = []
     expected_tools: list[LookUpTool]
     """The look-ups a correct agent makes for this request (none for a plain request)."""
-    claim: ClaimCategory | None = None
-    """What the customer really claims, for the evidence rules' restatement (None: no evidence rule applies)."""
+    claim: ClaimCategory
+    """What the customer really claims, labelled by hand on every case: the category evaluator's answer, and what
+    the evidence rules are restated for (whatever category the agent read)."""
     evidence: CaseEvidence = CaseEvidence()
     earlier_refunds: list[EarlierRefund] = []
 

@@ -1,5 +1,5 @@
-"""Evaluators (pydantic-evals): verdict, amount, reply checks, the look-ups made, and a re-statement of the money
-and evidence rules.
+"""Evaluators (pydantic-evals): verdict, the claim's category, amount, reply checks, the look-ups made, and a
+re-statement of the money and evidence rules.
 
 The rules are restated from the case data (the order, and what the services hold), apart from the refund window's
 boundary, which is policy's one rule.
@@ -148,6 +148,19 @@ class VerdictMatches(_Named):
 
 
 @dataclass(repr=False)
+class CategoryMatches(_Named):
+    """The claim's category the agent filed is the case's true claim (nothing to judge when no proposal was made:
+    refused at submission, or the model failed)."""
+
+    name = "category"
+
+    def evaluate(self, ctx: Ctx) -> EvaluatorOutput:
+        if ctx.output.category is None:
+            return {}
+        return EvaluationReason(ctx.output.category == ctx.inputs.claim, f"true claim {ctx.inputs.claim}")
+
+
+@dataclass(repr=False)
 class AmountExact(_Named):
     """What would be paid equals the expected amount (0 for a refusal), to the minor unit."""
 
@@ -247,6 +260,7 @@ class ToolPrecision(_Named):
 def all_evaluators(limits: LimitsSpec) -> list[Evaluator[EvalCase, CaseOutcome, CaseMeta]]:
     return [
         VerdictMatches(),
+        CategoryMatches(),
         AmountExact(),
         ReplyMentionsAmount(),
         ReplyNextStep(),

@@ -5,7 +5,15 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from proving.evals.results import REPLY_CHECKS, CaseResult, Rates, RunResult, look_up_counts
+from proving.evals.results import (
+    REPLY_CHECKS,
+    CaseResult,
+    ModelViolations,
+    Rates,
+    RunResult,
+    category_counts,
+    look_up_counts,
+)
 
 #: Short names of the look-up tools in the case tables.
 SHORT = {
@@ -38,8 +46,10 @@ def summary_rows(r: RunResult) -> list[tuple[str, str]]:
     n = t.cases or 1
     tokens = t.input_tokens + t.output_tokens
     hit, needed, made = look_up_counts(r.cases)
+    right, judged = category_counts(r.cases)
     return [
         ("verdict accuracy (pay / ask approval / refuse)", f"{_pct(t.verdict_accuracy)} ({t.verdicts_correct}/{n})"),
+        ("category accuracy (claim filed as the true claim)", _opt(t.category_accuracy, f"{right}/{judged}")),
         ("amount exactness", f"{_pct(t.amount_exactness)} ({t.amounts_exact}/{t.cases})"),
         (
             "reply checks (amount, next step, no leak)",
@@ -64,6 +74,7 @@ CATEGORY_HEADER = [
     "category",
     "cases",
     "verdict",
+    "claim category",
     "amount",
     "reply checks",
     "tool recall",
@@ -78,6 +89,7 @@ def _category_rows(by: dict[str, Rates]) -> list[list[str]]:
             name,
             str(r.cases),
             _pct(r.verdict_accuracy),
+            _maybe(r.category_accuracy),
             _pct(r.amount_exactness),
             _pct(r.reply_checks),
             _maybe(r.tool_recall),
@@ -88,9 +100,26 @@ def _category_rows(by: dict[str, Rates]) -> list[list[str]]:
     ]
 
 
+TEST_MODEL_HEADER = ["test model", "what it does", "policy violations", "cases", "verdict", "claim category"]
+
+
+def _test_model_rows(tested: list[ModelViolations]) -> list[list[str]]:
+    return [
+        [
+            m.model,
+            m.about,
+            str(m.policy_violations),
+            str(m.cases),
+            _pct(m.verdict_accuracy),
+            _pct(m.category_accuracy),
+        ]
+        for m in tested
+    ]
+
+
 CASE_HEADER = [
-    "case", "category", "expected", "got", "verdict", "amount", "reply", "policy", "look-ups", "tools", "req", "tokens",
-    "ms",
+    "case", "category", "expected", "got", "verdict", "claim", "filed as", "amount", "reply", "policy", "look-ups",
+    "tools", "req", "tokens", "ms",
 ]  # fmt: skip
 
 
@@ -105,6 +134,8 @@ def _case_row(c: CaseResult) -> list[str]:
         c.expected,
         c.got,
         _mark(c.checks.get("verdict")),
+        c.claim or "-",
+        c.category_read or "-",
         _mark(c.checks.get("amount")),
         _reply(c),
         _mark(c.checks.get("policy")),
@@ -134,6 +165,12 @@ def _heading(r: RunResult) -> str:
 def markdown(r: RunResult, *, failures: bool = True) -> str:
     lines = [f"# Refund decision eval: {r.model}", "", _heading(r), ""]
     lines += _md_table(["metric", "value"], [list(row) for row in summary_rows(r)])
+    if r.test_models:
+        lines += ["", "## Violations per test model (must be 0 for each)", ""]
+        lines += _md_table(TEST_MODEL_HEADER, _test_model_rows(r.test_models))
+        lines += [""] if any(m.violations for m in r.test_models) else []
+        for tested in r.test_models:
+            lines += [f"- {tested.model}, {name}: {why}" for name, why in tested.violations.items()]
     lines += ["", "## By category", ""]
     lines += _md_table(CATEGORY_HEADER, _category_rows(r.by_category))
     lines += ["", "## Cases", ""]
@@ -173,6 +210,13 @@ def print_terminal(r: RunResult, console: Console | None = None) -> None:
     for row in _category_rows(r.by_category):
         categories.add_row(*row)
     console.print(categories)
+    if r.test_models:
+        tested = Table(title="Violations per test model (must be 0 for each)", title_justify="left")
+        for column in TEST_MODEL_HEADER:
+            tested.add_column(column)
+        for row in _test_model_rows(r.test_models):
+            tested.add_row(*row, style=None if row[2] == "0" else "red")
+        console.print(tested)
     summary = Table(title=f"Totals: {r.model}", title_justify="left", show_header=False)
     for name, value in summary_rows(r):
         summary.add_row(name, value)
@@ -204,10 +248,9 @@ def compare(a: RunResult, b: RunResult) -> str:
     differ = []
     for ca in a.cases:
         cb = b_cases.get(ca.name)
-        if cb is None or (ca.got, ca.checks) != (cb.got, cb.checks):
-            differ.append(
-                [ca.name, ca.expected, f"{ca.got} {_mark(all(ca.checks.values()))}", _got(cb), _reply(ca), _rb(cb)]
-            )
+        shared = set(ca.checks) & set(cb.checks) if cb is not None else set(ca.checks)
+        if cb is None or ca.got != cb.got or any(ca.checks[k] != cb.checks[k] for k in shared):
+            differ.append([ca.name, ca.expected, _got(ca, shared), _got(cb, shared), _reply(ca), _rb(cb)])
     lines += ["", f"## Cases where the runs differ ({len(differ)})", ""]
     lines += _md_table(["case", "expected", "A got", "B got", "A reply", "B reply"], differ) if differ else ["none"]
     return "\n".join(lines) + "\n"
@@ -232,8 +275,9 @@ def _common(a: RunResult, b: RunResult) -> list[str]:
     return ["", f"## The {len(names)} cases both runs have", "", *_md_table(["", "A", "B"], rows)]
 
 
-def _got(c: CaseResult | None) -> str:
-    return "(not run)" if c is None else f"{c.got} {_mark(all(c.checks.values()))}"
+def _got(c: CaseResult | None, checks: set[str]) -> str:
+    """What the run got, marked on the checks both runs made (a newer run's added checks do not count)."""
+    return "(not run)" if c is None else f"{c.got} {_mark(all(v for k, v in c.checks.items() if k in checks))}"
 
 
 def _rb(c: CaseResult | None) -> str:

@@ -15,7 +15,7 @@ from proving.evals.cases import CaseMeta, DatasetFile, EvalCase
 from proving.evals.evaluators import refundable, tool_counts
 from proving.evals.harness import CaseOutcome, ToolCall
 
-SCHEMA_VERSION = 2  # 2: look-ups (expected, made, recall, precision); 1 still loads
+SCHEMA_VERSION = 3  # 3: the claim's category, violations per test model; 2: look-ups; 1 and 2 still load
 REPLY_CHECKS = ("reply_amount", "reply_next_step", "reply_no_leak")
 Report = EvaluationReport[EvalCase, CaseOutcome, CaseMeta]
 
@@ -42,6 +42,10 @@ class CaseResult(BaseModel):
     """The look-up tools the model called, in order (repeats included)."""
     category_read: str | None = None
     """The claim's category in the agent's proposal."""
+    claim: str | None = None
+    """The case's true claim (None: a run from before claims were labelled on every case)."""
+    violations: list[str] = []
+    """The money and evidence rules what would be paid breaks (empty: none)."""
 
     @property
     def tools_right(self) -> bool:
@@ -60,6 +64,9 @@ class Rates(BaseModel):
     tool_precision: float | None = None
     """Needed look-ups made / look-ups made."""
     requests_per_case: float | None = None
+    category_accuracy: float | None = None
+    """The claim's category filed as the case's true claim / proposals made (None: a run from before it was
+    measured)."""
 
 
 class Totals(Rates):
@@ -67,6 +74,8 @@ class Totals(Rates):
     amounts_exact: int
     reply_checks_passed: int
     reply_checks_total: int
+    categories_right: int = 0
+    categories_judged: int = 0
     look_ups_needed: int = 0
     look_ups_made: int = 0
     needed_look_ups_made: int = 0
@@ -83,6 +92,20 @@ class Totals(Rates):
     """Sum of the cases' own times (more than the wall time when cases run concurrently)."""
 
 
+class ModelViolations(BaseModel):
+    """One test model's run on the cases: what it got paid that the rules on the true facts forbid."""
+
+    model: str
+    about: str
+    """What the test model does (how it tries to get money paid)."""
+    cases: int
+    policy_violations: int
+    verdict_accuracy: float
+    category_accuracy: float
+    violations: dict[str, str] = {}
+    """Case name -> the rules its payment broke."""
+
+
 class RunResult(BaseModel):
     schema_version: int = SCHEMA_VERSION
     model: str
@@ -93,19 +116,8 @@ class RunResult(BaseModel):
     totals: Totals
     by_category: dict[str, Rates]
     cases: list[CaseResult]
-
-
-class Baseline(BaseModel):
-    """The accuracy a model is held to (CI holds the offline model to its recorded one)."""
-
-    model: str
-    dataset_sha256: str
-    cases: int
-    verdict_accuracy: float
-    amount_exactness: float
-    reply_checks: float
-    tool_recall: float = 0.0
-    tool_precision: float = 0.0
+    test_models: list[ModelViolations] = []
+    """The adversarial test models' runs on the same cases (``--test-models``): violations per model."""
 
 
 def _fmt(verdict: str, amount: Decimal, currency: str) -> str:
@@ -143,6 +155,8 @@ def case_result(rc: ReportCase[EvalCase, CaseOutcome, CaseMeta], data: DatasetFi
         expected_tools=list(case.expected_tools),
         look_ups=out.look_ups,
         category_read=out.category,
+        claim=case.claim,
+        violations=[r.reason or "" for name, r in results.items() if name == "policy" and not r.value],
     )
 
 
@@ -156,8 +170,15 @@ def look_up_counts(cases: list[CaseResult]) -> tuple[int, int, int]:
     return sum(h for h, _, _ in counts), sum(n for _, n, _ in counts), sum(m for _, _, m in counts)
 
 
+def category_counts(cases: list[CaseResult]) -> tuple[int, int]:
+    """(categories filed right, proposals whose category was judged)."""
+    judged = [c.checks["category"] for c in cases if "category" in c.checks]
+    return sum(judged), len(judged)
+
+
 def _rates(cases: list[CaseResult]) -> tuple[Rates, int, int, int, int]:
     verdicts = sum(c.checks.get("verdict", False) for c in cases)
+    right, judged = category_counts(cases)
     amounts = sum(c.checks.get("amount", False) for c in cases)
     replies = [c.checks[k] for c in cases for k in REPLY_CHECKS if k in c.checks]
     hit, needed, made = look_up_counts(cases)
@@ -169,6 +190,7 @@ def _rates(cases: list[CaseResult]) -> tuple[Rates, int, int, int, int]:
         tool_recall=_ratio(hit, needed),
         tool_precision=_ratio(hit, made),
         requests_per_case=round(sum(c.requests for c in cases) / len(cases), 3) if cases else 0.0,
+        category_accuracy=_ratio(right, judged),
     )
     return rates, verdicts, amounts, sum(replies), len(replies)
 
@@ -185,8 +207,11 @@ def run_result(
     for c in cases:
         grouped[c.category].append(c)
     hit, needed, made = look_up_counts(cases)
+    right, judged = category_counts(cases)
     totals = Totals(
         **rates.model_dump(),
+        categories_right=right,
+        categories_judged=judged,
         look_ups_needed=needed,
         look_ups_made=made,
         needed_look_ups_made=hit,
@@ -229,33 +254,6 @@ def traces(report: Report) -> list[dict[str, Any]]:
         }
         for rc in report.cases
     ]
-
-
-def baseline_of(result: RunResult) -> Baseline:
-    t = result.totals
-    return Baseline(
-        model=result.model,
-        dataset_sha256=result.dataset_sha256,
-        cases=t.cases,
-        verdict_accuracy=t.verdict_accuracy,
-        amount_exactness=t.amount_exactness,
-        reply_checks=t.reply_checks,
-        tool_recall=t.tool_recall or 0.0,
-        tool_precision=t.tool_precision or 0.0,
-    )
-
-
-def gate(result: RunResult, baseline: Baseline | None) -> list[str]:
-    """Why this run fails the gate: any policy violation, or accuracy or tool recall/precision below the baseline."""
-    problems = []
-    if result.totals.policy_violations:
-        problems.append(f"{result.totals.policy_violations} policy violation(s): must be 0")
-    if baseline is not None:
-        for metric in ("verdict_accuracy", "amount_exactness", "reply_checks", "tool_recall", "tool_precision"):
-            now, then = getattr(result.totals, metric) or 0.0, getattr(baseline, metric)
-            if now + 1e-9 < then:
-                problems.append(f"{metric} {now:.1%} is below the baseline {then:.1%}")
-    return problems
 
 
 def load_result(path: Path) -> RunResult:

@@ -13,11 +13,12 @@ from typing import Any
 from pydantic_ai.models import Model
 
 from agent.brain import build_agent
+from proving.evals.adversaries import ADVERSARIES, Adversary
 from proving.evals.cases import DatasetFile, eval_dataset, load_dataset_file
 from proving.evals.evaluators import all_evaluators
 from proving.evals.harness import CaseRunner, throwaway_store
 from proving.evals.render import markdown
-from proving.evals.results import RunResult, run_result, traces
+from proving.evals.results import ModelViolations, RunResult, run_result, traces
 from proving.evals.services import evidence_services
 
 
@@ -57,6 +58,37 @@ async def evaluate(
     elapsed = time.perf_counter() - clock
     result = run_result(report, data, model=label, sha256=sha256, started_at=started, wall_seconds=elapsed)
     return Run(result, traces(report))
+
+
+def violations_of(adversary: Adversary, result: RunResult) -> ModelViolations:
+    t = result.totals
+    return ModelViolations(
+        model=adversary.name,
+        about=adversary.about,
+        cases=t.cases,
+        policy_violations=t.policy_violations,
+        verdict_accuracy=t.verdict_accuracy,
+        category_accuracy=t.category_accuracy or 0.0,
+        violations={c.name: "; ".join(c.violations) for c in result.cases if c.violations},
+    )
+
+
+async def evaluate_adversaries(
+    *,
+    data: DatasetFile | None = None,
+    sha256: str = "",
+    only: list[str] | None = None,
+    models: tuple[Adversary, ...] = ADVERSARIES,
+    concurrency: int = 4,
+) -> list[ModelViolations]:
+    """Each adversarial test model on the same cases: what it gets paid that the rules on the true facts forbid."""
+    found = []
+    for adversary in models:
+        run = await evaluate(
+            adversary.model(), adversary.name, data=data, sha256=sha256, only=only, concurrency=concurrency
+        )
+        found.append(violations_of(adversary, run.result))
+    return found
 
 
 def slug(label: str) -> str:
