@@ -367,3 +367,15 @@ def test_an_anchor_made_up_or_missing_is_reported(env: Env, engine: sa.Engine) -
     assert done.returncode == 1 and "BROKEN (anchor): no audit anchor at" in done.stdout, done.stdout
     done = audit_verify(env, "--no-anchor")
     assert done.returncode == 0 and "no anchor checked" in done.stdout, done.stdout
+
+
+def test_an_append_handed_back_late_never_moves_the_anchor_back(env: Env, engine: sa.Engine) -> None:
+    """Two processes append entries 3 and 5; the one with entry 3 hands its connection back last."""
+    append_keyed(engine, 5)
+    late = audit_anchor.Anchor(3, last_mac(engine, 3))
+
+    def lookup(seqs: tuple[int, ...]) -> dict[int, str]:
+        return {seq: last_mac(engine, seq) for seq in seqs}
+
+    assert not audit_anchor.advance(anchor_of(env), env.settings().audit_key(), late, lookup)
+    assert anchored(env) == audit_anchor.Anchor(5, last_mac(engine, 5))
