@@ -284,8 +284,11 @@ def cmd_audit(args: argparse.Namespace) -> int:
     with create_engine(settings.app_database_url).connect() as conn:
         report = audit.verify(conn, key=key, anchors=anchors, unkeyed_allowed=allowed)
     if not report.ok:
-        where = f"at entry {report.first_broken_seq}" if report.first_broken_seq is not None else "(anchor)"
-        print(f"audit chain BROKEN {where}: {report.problem}")
+        if report.first_broken_seq is None:  # the anchor itself: missing, unreadable or not the key's
+            hint = "; pass a host's copy with --anchor FILE, or check the chain alone with --no-anchor"
+            print(f"audit chain BROKEN (anchor): {report.problem}{hint}")
+        else:
+            print(f"audit chain BROKEN at entry {report.first_broken_seq}: {report.problem}")
         return 1
     unkeyed = f"; {report.unkeyed} of them, first in the chain, from before the audit key" if report.unkeyed else ""
     anchored = (
