@@ -7,9 +7,9 @@ deadline, when an expiry would end it). While it waits for the provider nothing 
 decided, policy's own note is the message.
 
 The model's draft (``RefundProposal.customer_reply``) is sent only when it fits the outcome: the refund was paid
-at once (``auto_approve``), and the draft names the amount paid, says the money is refunded, and promises no
-review, approval or wait (``draft_fits``). Every other message is ours. Amounts go through
-``steps.records.format_money``. Pure: no I/O.
+at once (``auto_approve``), and the draft names the amount paid and no other (a draft never promises money that
+was not paid), says the money is refunded, and promises no review, approval or wait (``draft_fits``). Every other
+message is ours. Amounts go through ``steps.records.format_money``. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ _SAYS_PAID = re.compile(
     r"will reach|erstattet|rembours|reembols|rimborsat|返金しました",
     re.I,
 )
-_NUMBER = re.compile(r"\d[\d.,\u00a0\u202f ]*\d|\d")
 
 #: Policy's reasons (agent/policy.py, agent/evidence_policy.py) in the customer's words, by how they start or
 #: what they contain; a reason not listed gets the general sentence. The customer never reads the limits' names.
@@ -124,25 +123,51 @@ def not_found(amount: Decimal, currency: str) -> str:
     return refused(amount, currency, ["the order does not exist"])
 
 
-def _numbers(text: str) -> set[Decimal]:
-    """The amounts a text writes, read both ways (1,250.00 and 1.250,00; thin spaces as separators)."""
+_MONTH = (
+    r"(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sept?(?:ember)?|oct(?:ober)?|"
+    r"nov(?:ember)?|dec(?:ember)?)\b"
+)
+#: Numbers in a draft that are not money: ids (ord_1001, #1001), dates and times, and how long something takes.
+_NOT_MONEY = re.compile(
+    r"\b[a-z]+_\w+|#\d+|\b\d{4}-\d{2}-\d{2}(?:[t ]\d{1,2}:\d{2}(?::\d{2})?)?|\b\d{1,2}/\d{1,2}/\d{2,4}\b|"
+    r"\b\d{1,2}:\d{2}\b|"
+    rf"\b{_MONTH}\.? \d{{1,2}}(?:st|nd|rd|th)?\b(?:,? \d{{4}})?|\b\d{{1,2}}(?:st|nd|rd|th)? {_MONTH}(?: \d{{4}})?|"
+    r"\b\d+(?: ?(?:-|\u2013|to|bis|à|a) ?\d+)? ?(?:business |working |bank )?"
+    r"(?:days?|hours?|weeks?|months?|minutes?|werktage?n?|tage?n?|jours?|d[ií]as|giorni|営業日|日)",
+    re.I,
+)
+#: A number as written in a draft: digits, with thousands and decimal separators (``,`` ``.`` and thin spaces
+#: before a group of three), never a space between two separate numbers.
+_NUMBER = re.compile(r"\d+(?:(?:[.,]|[\u00a0\u202f ](?=\d{3}(?!\d)))\d+)*")
+
+
+def _readings(token: str) -> set[Decimal]:
+    """What a written number can mean: 1,250.00 and 1.250,00 both read 1250.00; 958 reads 958."""
+    token = re.sub(r"[\u00a0\u202f ]", "", token)
     found: set[Decimal] = set()
-    for token in _NUMBER.findall(text):
-        token = re.sub(r"[\u00a0\u202f ]", "", token)
-        for candidate in (token.replace(",", ""), token.replace(".", "").replace(",", ".")):
-            try:
-                found.add(Decimal(candidate))
-            except InvalidOperation:
-                continue
+    for candidate in (token.replace(",", ""), token.replace(".", "").replace(",", ".")):
+        try:
+            found.add(Decimal(candidate))
+        except InvalidOperation:
+            continue
     return found
 
 
+def _amounts(text: str) -> list[set[Decimal]]:
+    """The readings of each number a draft writes that could be money (ids, dates and durations left out)."""
+    return [_readings(token) for token in _NUMBER.findall(_NOT_MONEY.sub(" ", text))]
+
+
 def draft_fits(draft: str | None, amount: Decimal) -> bool:
-    """Whether the model's draft may be sent for a refund paid at once of ``amount``: it names that amount, says
-    the money is refunded, and speaks of no review, approval or wait."""
-    if not draft or not draft.strip():
+    """Whether the model's draft may be sent for a refund paid at once of ``amount``: it names that amount and no
+    other (958, 958.00, $958, USD 958, 958,00 and 1,000.00 are all amounts; ids such as ord_1001, dates, times and
+    durations such as 5-10 business days are not), no percentage (a share of what, we cannot check), says the
+    money is refunded, and speaks of no review, approval or wait."""
+    if not draft or not draft.strip() or "%" in draft:
         return False
-    return amount in _numbers(draft) and bool(_SAYS_PAID.search(draft)) and not _PENDING.search(draft)
+    amounts = _amounts(draft)
+    named = bool(amounts) and all(amount in readings for readings in amounts)
+    return named and bool(_SAYS_PAID.search(draft)) and not _PENDING.search(draft)
 
 
 def paid_at_once(draft: str | None, amount: Decimal, currency: str) -> str:

@@ -115,6 +115,12 @@ def evidence_config(settings: Settings) -> evidence.EvidenceConfig:
     )
 
 
+def use_audit_chain(settings: Settings) -> None:
+    """Append to and check the audit chain with the settings' key, anchored in this host's data directory."""
+    audit.use_key(settings.audit_key())
+    audit.use_anchor(settings.audit_anchor_file(), unkeyed_allowed=settings.refund_agent_audit_unkeyed_entries)
+
+
 def migrate_databases(settings: Settings) -> None:
     """Create or migrate both databases: DBOS's system tables and the application schema (Alembic)."""
     from steps.migrate import upgrade
@@ -127,7 +133,7 @@ def start(settings: Settings | None = None, *, worker: bool = True, migrate: boo
     """Configure and launch DBOS in this process; with ``worker``, run refunds from the queue."""
     settings = settings or get_settings()
     faults.arm(settings.refund_agent_crash_at)
-    audit.use_key(settings.audit_key())  # every step that writes the book appends to the audit chain with it
+    use_audit_chain(settings)  # every step that writes the book appends to the audit chain
     slack = settings.slack_webhook_url
     notify.configure(notify.NotifyConfig(slack.get_secret_value() if slack else None))
     payments.configure(
@@ -265,6 +271,7 @@ def stop(workflow_completion_timeout_sec: int = 0) -> None:
         heartbeat.release_quietly(rt.heartbeat.engine, rt.lease)
         rt.heartbeat.engine.dispose()
     close_app_database()
+    audit.use_anchor(None)
     install(None)
     gc.unfreeze()  # what this runtime built is ordinary garbage now
 

@@ -199,6 +199,10 @@ class Settings(BaseSettings):
     database cannot rewrite the chain unnoticed. Unset: generated on first start and kept in the data directory.
     Several hosts writing one database must share one key (set it on every host, and where ``refund-agent audit
     verify`` runs): entries under another key do not verify."""
+    refund_agent_audit_unkeyed_entries: int = Field(default=0, ge=0)
+    """How many entries at the start of the audit chain predate its key (plain SHA-256, from a release before the
+    key; ``refund-agent audit verify --max-unkeyed`` printed the number when the key was set up). 0 (the default,
+    and every database begun by a keyed release): any entry without the key's MAC breaks the chain."""
     dbos_conductor_key: SecretStr | None = None
     """Optional: connect to DBOS Conductor (DBOS Console); needs the ``conductor`` extra (dbos[enterprise]). Issued
     by DBOS: blank is refused."""
@@ -441,6 +445,10 @@ class Settings(BaseSettings):
         if self.refund_agent_audit_key is not None:
             return self.refund_agent_audit_key.get_secret_value().encode()
         return self._generated_secret("audit.key", generate=generate).encode()
+
+    def audit_anchor_file(self) -> Path:
+        """Where this host keeps the audit chain's anchor (its entry count and last MAC, outside the database)."""
+        return self.refund_agent_data_dir.resolve() / "audit.anchor"
 
     def console_admin_password(self) -> str:
         """The generated password of the default console admin (used only when no operator is configured)."""

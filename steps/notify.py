@@ -139,15 +139,34 @@ def messages(conn: sa.Connection, refund_id: str) -> list[dict[str, str]]:
 
 
 def mrkdwn_escape(text: str) -> str:
-    """Text for a Slack mrkdwn field shown as written: ``&``, ``<`` and ``>`` escaped, so nothing in it (the
-    agent's reason, which a customer can steer) becomes a link, a mention (``<!channel>``) or a formatted label."""
+    """Text for a Slack text field shown as written: ``&``, ``<`` and ``>`` escaped as Slack requires, so nothing in
+    it (the agent's reason, which a customer can steer) becomes a link, a mention (``<!channel>``) or a label."""
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+def verbatim(text: str) -> dict[str, Any]:
+    """A Block Kit text object that Slack shows as written: plain text (no ``*bold*``, no auto-linked URL, channel
+    or mention), escaped, with no emoji codes turned into pictures."""
+    return {"type": "plain_text", "text": mrkdwn_escape(text), "emoji": False}
+
+
+def slack_message(text: str, blocks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A webhook message whose text a customer or the model may have steered: sent verbatim (no mrkdwn in the
+    fallback ``text``, a plain-text section) and never unfurled, so no link in it gets a preview beside the
+    buttons."""
+    return {
+        "text": mrkdwn_escape(text),
+        "mrkdwn": False,
+        "unfurl_links": False,
+        "unfurl_media": False,
+        "blocks": blocks if blocks is not None else [{"type": "section", "text": verbatim(text)}],
+    }
+
+
 def approval_blocks(*, text: str, link: str, token: str) -> list[dict[str, Any]]:
-    """A Block Kit message: the request, Approve/Reject buttons (carrying the signed token), the link."""
+    """A Block Kit message: the request (plain text), Approve/Reject buttons (carrying the signed token), the link."""
     return [
-        {"type": "section", "text": {"type": "mrkdwn", "text": text}},
+        {"type": "section", "text": verbatim(text)},
         {
             "type": "actions",
             "elements": [
@@ -171,24 +190,22 @@ def approval_blocks(*, text: str, link: str, token: str) -> list[dict[str, Any]]
     ]
 
 
+def _post(refund_id: str, body: dict[str, Any]) -> None:
+    assert _config.slack_webhook_url is not None
+    response = WebhookClient(_config.slack_webhook_url).send_dict(body)
+    if response.status_code >= 400:
+        raise RuntimeError(f"Slack webhook answered {response.status_code} for refund {refund_id}")
+
+
 @DBOS.step(name="notify.slack_operators", retries_allowed=True, max_attempts=5, interval_seconds=2.0)
 def slack_operators_step(refund_id: str, *, text: str) -> None:
     """Post an operator alert (a refund the provider failed) to Slack's incoming webhook, when one is configured."""
-    assert _config.slack_webhook_url is not None
-    response = WebhookClient(_config.slack_webhook_url).send(text=f":warning: {mrkdwn_escape(text)}")
-    if response.status_code >= 400:
-        raise RuntimeError(f"Slack webhook answered {response.status_code} for refund {refund_id}")
+    _post(refund_id, slack_message(f"\u26a0 {text}"))
     log.info("operator alert for refund %s posted to Slack", refund_id)
 
 
 @DBOS.step(name="notify.slack_approvers", retries_allowed=True, max_attempts=5, interval_seconds=2.0)
 def slack_approvers_step(refund_id: str, *, text: str, link: str, token: str) -> None:
     """Post the approval request to Slack's incoming webhook (only when one is configured)."""
-    assert _config.slack_webhook_url is not None
-    text = mrkdwn_escape(text)
-    response = WebhookClient(_config.slack_webhook_url).send(
-        text=text, blocks=approval_blocks(text=text, link=link, token=token)
-    )
-    if response.status_code >= 400:
-        raise RuntimeError(f"Slack webhook answered {response.status_code} for refund {refund_id}")
+    _post(refund_id, slack_message(text, approval_blocks(text=text, link=link, token=token)))
     log.info("approval request for refund %s posted to Slack", refund_id)

@@ -280,6 +280,7 @@ def env(request: pytest.FixtureRequest, tmp_path: Path, evidence_sandbox: Eviden
     try:
         yield env
     finally:
+        audit.use_anchor(None)
         audit.use_key(None)
         sandbox.close()
         drop_databases(dbs)

@@ -171,6 +171,26 @@ def test_the_audit_log_across_refunds_filters_by_refund_actor_event_and_date(
         assert "<script>x" not in echoed and "&lt;script&gt;x" in echoed
 
 
+def test_the_console_reports_the_chain_broken_when_its_newest_entries_are_deleted(
+    env: Env, console: tuple[ConsoleServer, DBOSClient]
+) -> None:
+    """The console's badge is ``refund-agent audit verify``'s check, anchor included: entries cut from the end
+    of the log, which leave every MAC and link intact, turn "chain verified" into "chain broken"."""
+    server, client = console
+    paid = submit(client, "lead-cut-00001", "ord_1001", "The mouse broke.")
+    assert wait_for_outcome(client, paid)["status"] == "completed"
+    with server.signed_in("vic") as vic:
+        assert "chain verified" in vic.get(f"/console/refunds/{paid}").text
+        with app_db().engine.begin() as conn:
+            last = conn.execute(sa.select(sa.func.max(audit_log.c.seq)).where(audit_log.c.refund_id == paid))
+            conn.execute(audit_log.delete().where(audit_log.c.seq >= last.scalar_one()))  # refund_paid and after
+        with app_db().engine.connect() as conn:
+            report = audit.verify(conn)
+        assert not report.ok and "the newest deleted?" in report.problem
+        for page in (vic.get(f"/console/refunds/{paid}").text, vic.get("/console/audit").text):
+            assert "chain verified" not in page and "chain broken" in page and "the newest deleted?" in page
+
+
 def test_audit_search_pages_and_filters_real_rows(env: Env, console: tuple[ConsoleServer, DBOSClient]) -> None:
     now = datetime.now(UTC)
     with app_db().engine.begin() as conn:

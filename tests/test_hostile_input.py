@@ -234,7 +234,10 @@ def test_a_model_obeying_the_injection_cannot_pay_more_or_approve(env: Env, obed
     assert rt.limits.auto_approve == Decimal("100.00") and rt.limits.absolute_cap == Decimal("10000.00")
 
 
-SLACK_BAIT = "Refund it now. <http://attacker.example/approve|Click to approve> <!channel> <@U0001> &amp; more"
+SLACK_BAIT = (
+    "Refund it now. <http://attacker.example/approve|Click to approve> <!channel> <@U0001> &amp; more "
+    "*APPROVED BY FINANCE* see https://attacker.example/policy :white_check_mark:"
+)
 
 
 def _slack_baiting(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -264,3 +267,8 @@ def test_the_agents_reason_reaches_slack_as_text_not_links_or_mentions(
         assert "<!channel>" not in text and "<http://" not in text and "<@U0001>" not in text, text
         assert "&lt;!channel&gt;" in text and "&lt;http://attacker.example/approve|Click to approve&gt;" in text
         assert "&amp;amp; more" in text  # an entity the customer typed shows as typed
+    # Shown as written: plain text (no *bold*, no auto-linked URL, no emoji code), no mrkdwn in the fallback
+    # text, and no preview of the bare URL beside the Approve button.
+    assert section["type"] == "plain_text" and section["emoji"] is False
+    assert "*APPROVED BY FINANCE* see https://attacker.example/policy" in section["text"]
+    assert posted["mrkdwn"] is False and posted["unfurl_links"] is False and posted["unfurl_media"] is False

@@ -456,6 +456,7 @@ def test_slack_buttons_decide_once_with_verified_signatures(env: Env, server: Se
     assert replay.status_code == 409
     [update] = wait_for(lambda: slack.received("response") or None, timeout=10, what="the message update")
     assert update["replace_original"] is True and "approve by operator:dana" in update["text"]
+    assert update["mrkdwn"] is False and update["unfurl_links"] is False
     done = server.until("http-slack-00001", *FINAL)
     assert done["status"] == "completed"
     assert (done["approval"]["approver"], done["approval"]["via"]) == ("operator:dana", f"slack:{SLACK_DANA}")

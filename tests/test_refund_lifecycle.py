@@ -121,6 +121,7 @@ def test_pending_then_failed_ends_failed_with_the_reason_released_unsent_and_ale
     assert refund_id in alert and "expired_or_canceled_card" in alert
     [posted] = wait_for(lambda: slack.received("webhook") or None, timeout=30, what="the operators' Slack alert")
     assert refund_id in posted["text"] and "expired_or_canceled_card" in posted["text"]  # and on Slack
+    assert posted["mrkdwn"] is False and posted["unfurl_links"] is False  # as written, never a link preview
     assert env.sandbox.stats()["create_requests"] == 1
     assert chain_ok()
 

@@ -140,6 +140,37 @@ DRAFTS = [
     ("", "42.00", False),
 ]
 
+#: Drafts for a refund of 42.00 USD paid at once: every amount a draft names must be the one paid. A number is an
+#: amount however it is written; ids, dates, times and durations are not; a percentage is never sent (a share of
+#: what, no one can check).
+OTHER_AMOUNTS = [
+    ("We have refunded 42.00 USD now, and a further 958.00 USD is on its way.", False),
+    ("We have refunded 42.00 USD now, and a further 958 is on its way.", False),
+    ("We have refunded $42.00 now; $958 more will reach your card.", False),
+    ("We have refunded USD 42 now and USD 958 will follow.", False),
+    ("Wir haben 42,00 USD erstattet, weitere 958,00 USD folgen.", False),
+    ("We have refunded 42.00 USD, and 1,000.00 USD more is on its way.", False),
+    ("We have refunded 42.00 USD, and 1.000,00 USD more is on its way.", False),
+    ("We have refunded 42.00 USD, and 1\u202f000,00 USD more is on its way.", False),
+    ("We have refunded 42.00 USD, 100% of your order.", False),  # a percentage: not checkable, not sent
+    ("We have refunded 42.00 USD and 10 % extra for the trouble.", False),
+    ("We have refunded 42.00 USD and 42% more is on its way.", False),  # a share, even one that reads 42
+    ("We have refunded 42.00 USD (42.00 USD in all).", True),  # the same amount twice
+    ("We have refunded $42 for order ord_1001; it will reach your card in 5-10 business days.", True),
+    ("We have refunded 42.00 USD for order #1001 on 2026-03-01 at 14:30.", True),
+    ("We have refunded 42.00 USD on March 3, 2026; expect it within 5 to 10 days.", True),
+    ("We have refunded 42.00 USD on 3 March 2026; expect it within 10 working days.", True),
+    ("Wir haben 42,00 USD erstattet; das Geld ist in 5-10 Werktagen auf Ihrer Karte.", True),
+    ("We have refunded 42.00 USD; the other 2 items will ship separately.", False),  # a bare number: could be money
+]
+
+
+@pytest.mark.parametrize(("draft", "fits"), OTHER_AMOUNTS)
+def test_a_draft_naming_any_amount_but_the_one_paid_is_not_sent(draft: str, fits: bool) -> None:
+    paid = Decimal("42.00")
+    assert replies.draft_fits(draft, paid) is fits
+    assert replies.paid_at_once(draft, paid, USD) == (draft if fits else replies.paid(paid, USD))
+
 
 @pytest.mark.parametrize(("draft", "amount", "fits"), DRAFTS)
 def test_the_models_draft_is_sent_only_when_it_names_the_amount_paid_and_promises_no_review(

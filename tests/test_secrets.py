@@ -181,6 +181,25 @@ def test_a_generated_secret_file_left_blank_is_refused(tmp_path: Path) -> None:
         Settings(refund_agent_data_dir=tmp_path / "data").api_token()
 
 
+@pytest.mark.parametrize("length", [1, 16, 31])
+@pytest.mark.parametrize("name", ["api_token", "approval_signing.key", "audit.key", "console_session.key"])
+def test_a_generated_secret_file_of_1_to_31_bytes_is_refused(tmp_path: Path, name: str, length: int) -> None:
+    """A secret file cut short (a truncated copy, a hand-made file) is never used: it is as guessable as its length."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / name).write_text("k" * length + "\n")
+    settings = Settings(refund_agent_data_dir=tmp_path / "data")
+    read = {
+        "api_token": settings.api_token,
+        "approval_signing.key": settings.signing_secret,
+        "audit.key": settings.audit_key,
+        "console_session.key": settings.session_secret,
+    }[name]
+    with pytest.raises(ValueError, match=f"{name} holds a secret shorter than 32 bytes: remove the file"):
+        read()
+    (tmp_path / "data" / name).write_text("k" * MIN_SECRET_BYTES)
+    assert len(read()) == MIN_SECRET_BYTES  # 32 bytes are enough
+
+
 def test_checking_the_audit_chain_never_generates_a_key(tmp_path: Path) -> None:
     with pytest.raises(MissingSecret):
         Settings(refund_agent_data_dir=tmp_path / "data").audit_key(generate=False)

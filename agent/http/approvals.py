@@ -33,7 +33,7 @@ from agent.http.views import DecisionView
 from agent.identity import Principal, approver_names
 from agent.services import Services, ServicesDep
 from steps import clients
-from steps.notify import mrkdwn_escape
+from steps.notify import slack_message
 from steps.records import ApiClient, ApprovalRecord, format_money
 from steps.refunds import recorded_decision
 from steps.store import app_db, slack_deliveries
@@ -281,5 +281,5 @@ async def slack_interactions(request: Request, svc: ServicesDep) -> JSONResponse
     except Problem as error:
         text = f"Not recorded: {error.detail}"
     if url := payload.get("response_url"):
-        await asyncio.to_thread(WebhookClient(url).send, text=mrkdwn_escape(text), replace_original=True)
+        await asyncio.to_thread(WebhookClient(url).send_dict, {**slack_message(text), "replace_original": True})
     return JSONResponse({"text": text})
