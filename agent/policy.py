@@ -60,8 +60,13 @@ class Claim:
     category: ClaimCategory = "other"
     evidence: Evidence = field(default_factory=Evidence)
     history: Sequence[PastRefund] = ()
+    """The claimant's refunds: the order's customer's and those of customer ids sharing its email, address or card."""
     refund_id: str = ""
     """This refund, left out of its customer's history."""
+    open_claims: Sequence[PastRefund] = ()
+    """The order's refunds that have not ended, this one among them (the case file's ``open_claims``)."""
+    outside: Sequence[PastRefund] = ()
+    """Refunds the payment provider made on the claimant's charges outside this service."""
 
 
 #: Refunds that paid nothing and never will: not counted against a customer.
@@ -231,20 +236,66 @@ def _with_claim(
 
 
 def _serial_claimant(verdict: Verdict, claim: Claim, as_of: datetime, limits: Limits) -> str | None:
-    """Why one customer's refunds inside the rolling window need a person's eye, or None."""
+    """Why this refund needs a person's eye however small, or None: another claim on its order is open, or the
+    claimant's refunds inside the rolling window (across their linked customer ids, and those the payment
+    provider made outside this service) are too many or too much."""
+    if ahead := _open_claim_ahead(claim):
+        status, category = ahead.status.replace("_", " "), f", claimed as {ahead.claim_category}"
+        filed = category if ahead.claim_category else ""
+        return (
+            f"refund {ahead.refund_id} of this order is still open ({status}{filed}): a second claim on one order "
+            "goes to a person with the first, never paid on its own"
+        )
     since = as_of - timedelta(days=limits.customer_window_days)
-    recent = [
-        h
-        for h in claim.history
-        if h.refund_id != claim.refund_id and h.created_at >= since and h.status not in _ENDED_UNPAID
-    ]
+    seen: set[str] = set()
+    recent: list[PastRefund] = []
+    for h in (*claim.history, *claim.outside):
+        if h.refund_id in seen or h.refund_id == claim.refund_id:
+            continue
+        seen.add(h.refund_id)
+        if h.created_at >= since and h.status not in _ENDED_UNPAID:
+            recent.append(h)
     window = f"in the last {limits.customer_window_days} days"
+    counted = _counted_from(recent)
     if len(recent) + 1 > limits.customer_max_refunds:
         limit = limits.customer_max_refunds
-        return f"this would be the customer's refund number {len(recent) + 1} {window} (at most {limit} without review)"
+        return (
+            f"this would be the customer's refund number {len(recent) + 1} {window} (at most {limit} without "
+            f"review){counted}"
+        )
     spent = sum((h.amount for h in recent if h.currency == verdict.currency), Decimal(0))
     cap = limits.customer_max_amount_for(verdict.currency)
     if spent + verdict.amount > cap:
         total = _money(spent + verdict.amount, verdict.currency)
-        return f"the customer's refunds {window} would total {total}, above {_money(cap, verdict.currency)}"
+        return f"the customer's refunds {window} would total {total}, above {_money(cap, verdict.currency)}{counted}"
     return None
+
+
+#: The phases in which a refund is moving money: such a claim holds its order whenever it was made.
+_MOVING_MONEY = frozenset({"paying", "settling"})
+#: A refund in one of these has ended; any other phase is an open claim on its order.
+_ENDED = frozenset({"completed", *_ENDED_UNPAID})
+
+
+def _open_claim_ahead(claim: Claim) -> PastRefund | None:
+    """The order's open claim this refund comes after: one made before it that has not ended, or one moving money.
+    A later claim still deciding or waiting does not hold back an earlier one (it waits for a person itself)."""
+    mine = next((c for c in claim.open_claims if c.refund_id == claim.refund_id), None)
+    for other in claim.open_claims:
+        if other.refund_id == claim.refund_id or other.status in _ENDED:
+            continue
+        earlier = mine is None or (other.created_at, other.refund_id) < (mine.created_at, mine.refund_id)
+        if earlier or other.status in _MOVING_MONEY:
+            return other
+    return None
+
+
+def _counted_from(recent: Sequence[PastRefund]) -> str:
+    """Where the counted refunds came from, when not all are the order's customer's own with this service."""
+    outside = sum(1 for h in recent if h.outside)
+    linked = sorted({h.linked_by for h in recent if h.linked_by})
+    parts = [f"{outside} made at the payment provider outside this service"] if outside else []
+    if linked:
+        shared = " or ".join(linked)
+        parts.append(f"{sum(1 for h in recent if h.linked_by)} under another customer id with the same {shared}")
+    return f", counting {' and '.join(parts)}" if parts else ""

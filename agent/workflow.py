@@ -9,6 +9,7 @@ refund. Between the two, nothing runs (agent/approval_workflows.py).
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
@@ -27,8 +28,9 @@ from steps.evidence import Evidence
 from steps.faults import crash_point
 from steps.notify import CustomerMessage, notify_approvers_step, slack_approvers_step, slack_enabled
 from steps.orders import review_case_step
+from steps.outside_refunds import outside_refunds_step
 from steps.payments import describe_failure, idempotency_key, issue_refund_step
-from steps.records import ModelUsage, OrderSnapshot
+from steps.records import CaseFile, ModelUsage, OrderSnapshot
 from steps.refunds import (
     PaymentPlan,
     open_approval_step,
@@ -69,8 +71,22 @@ async def refund_workflow(refund_id: str, request: dict[str, Any]) -> dict[str, 
     except Exception as error:  # the model failed or misbehaved through its retries: nothing was paid
         return await undecided(rt, refund_id, error, usage)
     # Policy reads what the look-up steps returned (deps.evidence), never the model's account of it.
-    claim = policy.Claim(run.output.category, deps.evidence, case.history, refund_id)
+    claim = policy.Claim(run.output.category, deps.evidence, case.history, refund_id, open_claims=case.open_claims)
+    claim = await with_outside_refunds(rt, req, run.output, case, claim)
     return await act_on(rt, refund_id, req, run.output, case.snapshot, usage, claim=claim)
+
+
+async def with_outside_refunds(
+    rt: Runtime, req: RefundRequest, proposal: RefundProposal, case: CaseFile, claim: policy.Claim
+) -> policy.Claim:
+    """The claim with the refunds the provider made on the claimant's charges outside this service, read only for
+    a refund that would be paid at once (the one verdict the repeat rule changes). A case file recorded before the
+    claimant's charges were read has none, so a refund started then replays without this step."""
+    if not case.charges:
+        return claim
+    if policy_verdict(proposal, case.snapshot, rt.limits, requested=req.amount, claim=claim).kind != "auto_approve":
+        return claim
+    return replace(claim, outside=await call(outside_refunds_step, case.charges))
 
 
 async def undecided(rt: Runtime, refund_id: str, error: Exception, usage: RunUsage) -> dict[str, Any]:
