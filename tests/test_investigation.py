@@ -57,6 +57,7 @@ def test_never_arrived_and_returned_to_sender_is_looked_up_then_paid(env: Env, c
         MODEL,
         TRACK_SHIPMENT_STEP,
         MODEL,
+        "payments.outside_refunds",  # paid at once: refunds made at the provider outside this service count
         "refunds.record_verdict_and_reserve",
         "payments.issue_refund",
         "refunds.record_payment",
