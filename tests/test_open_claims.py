@@ -16,6 +16,7 @@ import stripe
 from dbos import DBOSClient
 
 from agent import runtime
+from agent.ops.processes import wait_for
 from steps.outside_refunds import OUTSIDE_REFUNDS_STEP
 from steps.records import email_key
 from steps.refunds import PaymentPlan, record_verdict_and_reserve_step, register_request
@@ -31,6 +32,7 @@ def test_a_claim_switched_on_an_order_whose_first_claim_waits_is_not_paid_at_onc
     first = submit(client, "switch-first-0001", "ord_1001", "The mouse never arrived.")
     assert "delivered" in parked(client, first)["reason"]  # tracking: delivered, with a photo
     second = submit(client, "switch-second-001", "ord_1001", "Actually it arrived broken, refund the 42.00.")
+    assert decided(second) == "awaiting_approval"
     request = parked(client, second)
     assert f"refund {first} of this order is still open (awaiting approval" in request["reason"]
     assert "claimed as not_received" in request["reason"]
@@ -38,6 +40,17 @@ def test_a_claim_switched_on_an_order_whose_first_claim_waits_is_not_paid_at_onc
     assert row(second).status == "awaiting_approval" and row(second).verdict == "needs_approval"
     assert "A member of our team" in told(second)[0]
     assert chain_ok()
+
+
+def decided(refund_id: str) -> str:
+    """The refund's phase once its workflow has decided it: waiting for a person, or ended."""
+    return str(
+        wait_for(
+            lambda: (phase := row(refund_id).status) not in ("received", "deciding", "paying") and phase,
+            timeout=120,
+            what=f"{refund_id} to be decided",
+        )
+    )
 
 
 def test_a_second_claim_after_the_first_ended_is_judged_on_its_own(env: Env, client: DBOSClient) -> None:
@@ -146,6 +159,7 @@ def test_a_claimant_under_a_second_customer_id_is_one_repeat_claimant(
 ) -> None:
     _second_identity(**identity)
     fourth = submit(client, f"linked-{linked_by}-0001", "ord_1001", "It stopped working.", amount=Decimal("1.00"))
+    assert decided(fourth) == "awaiting_approval"
     reason = parked(client, fourth)["reason"]
     assert "refund number 4 in the last 30 days" in reason
     assert f"3 under another customer id with the same {linked_by}" in reason
@@ -157,6 +171,7 @@ def test_refunds_made_at_the_provider_outside_the_service_count_as_refunds(env: 
     for _ in range(3):  # refunds made in the provider's dashboard on another of cus_ada's orders
         provider.v1.refunds.create(params={"charge": "ch_ord_1003", "amount": 100})
     fourth = submit(client, "outside-refunds-01", "ord_1001", "It stopped working.", amount=Decimal("1.00"))
+    assert decided(fourth) == "awaiting_approval"
     reason = parked(client, fourth)["reason"]
     assert "refund number 4 in the last 30 days" in reason
     assert "3 made at the payment provider outside this service" in reason
