@@ -15,7 +15,7 @@ import sqlalchemy as sa
 import stripe
 from dbos import DBOSClient
 
-from agent import runtime
+from agent import replies, runtime
 from agent.ops.processes import wait_for
 from steps.outside_refunds import OUTSIDE_REFUNDS_STEP
 from steps.records import email_key
@@ -104,6 +104,9 @@ def test_two_claims_on_one_order_reserving_at_once_reserve_once(env: Env, servic
     assert isinstance(first, PaymentPlan) and first.snapshot is not None and first.refusal is None
     assert isinstance(second, PaymentPlan) and second.snapshot is None
     assert second.refusal is not None and "refund at-once-0001 of this order is still open" in second.refusal
+    assert replies.plain_reasons([second.refusal]) == [  # the customer is told, in these words, why
+        "an earlier refund request for this order is still open, and we answer it first"
+    ]
     with app_db().engine.connect() as conn:
         held = dict(conn.execute(sa.select(refunds.c.refund_id, refunds.c.reserved_amount_minor)).all())
     assert held == {"at-once-0001": 1000, "at-once-0002": None}
