@@ -33,6 +33,8 @@ class Limits:
     customer_max_amount: Decimal = Decimal("500.00")
     """More money than this (in the refund's currency) for one customer inside the window: a person decides."""
     customer_max_amount_by_currency: Mapping[str, Decimal] = field(default_factory=dict)
+    order_max_open_claims: int = 1
+    """Claims open on one order at once; a claim after this many goes to a person (raised only for load tests)."""
     scales: Mapping[str, Decimal] = field(default_factory=lambda: dict(LIMIT_SCALES))
     """Units of each currency per base-currency unit of a limit; a currency not listed counts one for one."""
 
@@ -239,7 +241,8 @@ def _serial_claimant(verdict: Verdict, claim: Claim, as_of: datetime, limits: Li
     """Why this refund needs a person's eye however small, or None: another claim on its order is open, or the
     claimant's refunds inside the rolling window (across their linked customer ids, and those the payment
     provider made outside this service) are too many or too much."""
-    if ahead := _open_claim_ahead(claim):
+    if len(ahead_of := _open_claims_ahead(claim)) >= limits.order_max_open_claims:
+        ahead = ahead_of[0]
         status, category = ahead.status.replace("_", " "), f", claimed as {ahead.claim_category}"
         filed = category if ahead.claim_category else ""
         return (
@@ -277,17 +280,19 @@ _MOVING_MONEY = frozenset({"paying", "settling"})
 _ENDED = frozenset({"completed", *_ENDED_UNPAID})
 
 
-def _open_claim_ahead(claim: Claim) -> PastRefund | None:
-    """The order's open claim this refund comes after: one made before it that has not ended, or one moving money.
-    A later claim still deciding or waiting does not hold back an earlier one (it waits for a person itself)."""
+def _open_claims_ahead(claim: Claim) -> list[PastRefund]:
+    """The order's open claims this refund comes after, oldest first: those made before it that have not ended, and
+    those moving money. A later claim still deciding or waiting does not hold back an earlier one (it waits for a
+    person itself)."""
     mine = next((c for c in claim.open_claims if c.refund_id == claim.refund_id), None)
+    ahead: list[PastRefund] = []
     for other in claim.open_claims:
         if other.refund_id == claim.refund_id or other.status in _ENDED:
             continue
         earlier = mine is None or (other.created_at, other.refund_id) < (mine.created_at, mine.refund_id)
         if earlier or other.status in _MOVING_MONEY:
-            return other
-    return None
+            ahead.append(other)
+    return ahead
 
 
 def _counted_from(recent: Sequence[PastRefund]) -> str:

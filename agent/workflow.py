@@ -142,6 +142,7 @@ async def act_on(
             **record,
             amount=verdict.amount,
             currency=verdict.currency,
+            open_claims_allowed=rt.limits.order_max_open_claims,
         )
         return await pay(rt, refund_id, verdict.amount, verdict.currency, plan, draft=proposal.customer_reply)
     # A refusal tells the customer why in plain words (or, where the evidence decided, policy's note): the model's

@@ -82,20 +82,26 @@ def claimant_charges(conn: sa.Connection, customer_ids: Iterable[str]) -> dict[s
     return {row.charge_id: row.order_id for row in conn.execute(query)}
 
 
-def claim_ahead(sess: Session, refund_id: str, order_id: str) -> str | None:
+def claim_ahead(sess: Session, refund_id: str, order_id: str, *, allowed: int = 1) -> str | None:
     """Another refund of the order that this one may not be paid beside, read under the order's lock: one that is
     moving money, or one claimed earlier that has not ended. None when this refund is the order's one claim.
 
     A later claim still deciding or waiting for a person does not hold back an earlier one (else two claims made
-    at once would each wait for the other); it waits for a person itself."""
+    at once would each wait for the other); it waits for a person itself. ``allowed``: claims open on one order at
+    once (``ORDER_MAX_OPEN_CLAIMS``)."""
     mine = sess.execute(sa.select(refunds.c.created_at).where(refunds.c.refund_id == refund_id)).scalar_one()
     others = sess.execute(
         sa.select(refunds.c.refund_id, refunds.c.status, refunds.c.created_at, refunds.c.reserved_amount_minor)
         .where(refunds.c.order_id == order_id, refunds.c.refund_id != refund_id, refunds.c.status.not_in(ENDED))
         .order_by(refunds.c.created_at, refunds.c.refund_id)
     ).all()
-    for other in others:
-        earlier = (utc(other.created_at), other.refund_id) < (utc(mine), refund_id)
-        if earlier or other.status in MOVING_MONEY or other.reserved_amount_minor is not None:
-            return f"refund {other.refund_id} of this order is still open ({other.status.replace('_', ' ')})"
-    return None
+    ahead = [
+        other
+        for other in others
+        if (utc(other.created_at), other.refund_id) < (utc(mine), refund_id)
+        or other.status in MOVING_MONEY
+        or other.reserved_amount_minor is not None
+    ]
+    if len(ahead) < allowed:
+        return None
+    return f"refund {ahead[0].refund_id} of this order is still open ({ahead[0].status.replace('_', ' ')})"

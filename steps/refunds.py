@@ -418,6 +418,7 @@ def record_verdict_and_reserve_step(
     amount: Decimal,
     currency: str,
     evidence: dict[str, Any] | None = None,
+    open_claims_allowed: int = 1,
 ) -> PaymentPlan:
     """An auto-approved refund has nothing to wait for: its verdict and its reservation commit together.
 
@@ -428,7 +429,7 @@ def record_verdict_and_reserve_step(
     _record_verdict(refund_id, proposal, verdict, model, usage, evidence)
     # One open claim per order: the case file sent a second claim to a person, but two claims decided at once can
     # each have been read before the other; under the order's lock, the later one is refused, nothing reserved.
-    if (ahead := claim_ahead(session(), refund_id, order_id)) is not None:
+    if (ahead := claim_ahead(session(), refund_id, order_id, allowed=open_claims_allowed)) is not None:
         refusal = f"{ahead}: a second claim on one order is never paid on its own"
         return PaymentPlan(snapshot=None, first_attempt_at=datetime.now(UTC), refusal=refusal)
     return _reserve(refund_id, order_id, order, amount=amount, currency=currency)

@@ -3,6 +3,7 @@ address and card an order holds, and across refunds made at the payment provider
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -104,6 +105,14 @@ def test_a_claim_moving_money_holds_the_order_whenever_it_was_made(status: str) 
 def test_a_refund_whose_own_row_is_missing_counts_every_open_claim_as_earlier() -> None:
     later = claim_on_order("later", "deciding", minutes_ago=-1)
     assert verdict_on(Claim(category="damaged", refund_id="this", open_claims=[later]))[0] == "needs_approval"
+
+
+def test_a_load_test_may_allow_more_claims_open_on_one_order() -> None:
+    first = claim_on_order("first", "deciding", minutes_ago=10)
+    claim = Claim(category="damaged", refund_id="this", open_claims=[first, THIS])
+    many = replace(LIMITS, order_max_open_claims=2)
+    verdict = decide(amount=Decimal("42.00"), currency="USD", order=ORDER, as_of=NOW, limits=many, claim=claim)
+    assert verdict.kind == "auto_approve"
 
 
 @pytest.mark.parametrize("linked_by", ["email", "address", "card"])
