@@ -241,14 +241,24 @@ def _serial_claimant(verdict: Verdict, claim: Claim, as_of: datetime, limits: Li
     """Why this refund needs a person's eye however small, or None: another claim on its order is open, or the
     claimant's refunds inside the rolling window (across their linked customer ids, and those the payment
     provider made outside this service) are too many or too much."""
-    if len(ahead_of := _open_claims_ahead(claim)) >= limits.order_max_open_claims:
-        ahead = ahead_of[0]
-        status, category = ahead.status.replace("_", " "), f", claimed as {ahead.claim_category}"
-        filed = category if ahead.claim_category else ""
-        return (
-            f"refund {ahead.refund_id} of this order is still open ({status}{filed}): a second claim on one order "
-            "goes to a person with the first, never paid on its own"
-        )
+    return _open_claim(claim, limits) or _repeat_claimant(verdict, claim, as_of, limits)
+
+
+def _open_claim(claim: Claim, limits: Limits) -> str | None:
+    """Why this claim waits for the order's open one (named, with how it was filed, so the approver reads both)."""
+    ahead = _open_claims_ahead(claim)
+    if len(ahead) < limits.order_max_open_claims:
+        return None
+    first = ahead[0]
+    filed = f", claimed as {first.claim_category}" if first.claim_category else ""
+    return (
+        f"refund {first.refund_id} of this order is still open ({first.status.replace('_', ' ')}{filed}): a second "
+        "claim on one order goes to a person with the first, never paid on its own"
+    )
+
+
+def _repeat_claimant(verdict: Verdict, claim: Claim, as_of: datetime, limits: Limits) -> str | None:
+    """Too many refunds, or too much money, for the claimant inside the rolling window."""
     since = as_of - timedelta(days=limits.customer_window_days)
     seen: set[str] = set()
     recent: list[PastRefund] = []
