@@ -69,6 +69,8 @@ class Claim:
     """The order's refunds that have not ended, this one among them (the case file's ``open_claims``)."""
     outside: Sequence[PastRefund] = ()
     """Refunds the payment provider made on the claimant's charges outside this service."""
+    charges: Mapping[str, str] = field(default_factory=dict)
+    """The claimant's charges (charge id -> order id) where the workflow reads ``outside``; policy does not."""
 
 
 #: Refunds that paid nothing and never will: not counted against a customer.

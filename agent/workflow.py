@@ -30,7 +30,7 @@ from steps.notify import CustomerMessage, notify_approvers_step, slack_approvers
 from steps.orders import review_case_step
 from steps.outside_refunds import outside_refunds_step
 from steps.payments import describe_failure, idempotency_key, issue_refund_step
-from steps.records import CaseFile, ModelUsage, OrderSnapshot
+from steps.records import ModelUsage, OrderSnapshot
 from steps.refunds import (
     PaymentPlan,
     open_approval_step,
@@ -71,22 +71,10 @@ async def refund_workflow(refund_id: str, request: dict[str, Any]) -> dict[str, 
     except Exception as error:  # the model failed or misbehaved through its retries: nothing was paid
         return await undecided(rt, refund_id, error, usage)
     # Policy reads what the look-up steps returned (deps.evidence), never the model's account of it.
-    claim = policy.Claim(run.output.category, deps.evidence, case.history, refund_id, open_claims=case.open_claims)
-    claim = await with_outside_refunds(rt, req, run.output, case, claim)
+    claim = policy.Claim(
+        run.output.category, deps.evidence, case.history, refund_id, open_claims=case.open_claims, charges=case.charges
+    )
     return await act_on(rt, refund_id, req, run.output, case.snapshot, usage, claim=claim)
-
-
-async def with_outside_refunds(
-    rt: Runtime, req: RefundRequest, proposal: RefundProposal, case: CaseFile, claim: policy.Claim
-) -> policy.Claim:
-    """The claim with the refunds the provider made on the claimant's charges outside this service, read only for
-    a refund that would be paid at once (the one verdict the repeat rule changes). A case file recorded before the
-    claimant's charges were read has none, so a refund started then replays without this step."""
-    if not case.charges:
-        return claim
-    if policy_verdict(proposal, case.snapshot, rt.limits, requested=req.amount, claim=claim).kind != "auto_approve":
-        return claim
-    return replace(claim, outside=await call(outside_refunds_step, case.charges))
 
 
 async def undecided(rt: Runtime, refund_id: str, error: Exception, usage: RunUsage) -> dict[str, Any]:
@@ -121,6 +109,12 @@ async def act_on(
         judged = policy_verdict(proposal, snapshot, rt.limits, requested=requested, claim=claim)
         if _changes(judged, verdict) and not await DBOS.patch_async(EVIDENCE_PATCH):
             judged = verdict
+    if claim is not None and claim.charges and judged.kind == "auto_approve":
+        # Paid at once (the one verdict the repeat rule changes): first count the refunds the provider made on the
+        # claimant's charges outside this service. A case file from before charges were read has none: it replays
+        # without this step.
+        claim = replace(claim, outside=await call(outside_refunds_step, dict(claim.charges)))
+        judged = policy_verdict(proposal, snapshot, rt.limits, requested=requested, claim=claim)
     record: dict[str, Any] = {
         "proposal": proposal.model_dump(mode="json"),
         "verdict": judged.model_dump(mode="json"),
