@@ -34,6 +34,8 @@ class Limits:
     customer_max_amount: Decimal = Decimal("500.00")
     """More money than this (in the refund's currency) for one customer inside the window: a person decides."""
     customer_max_amount_by_currency: Mapping[str, Decimal] = field(default_factory=dict)
+    order_max_open_claims: int = 1
+    """Claims open on one order at once; a claim after this many goes to a person (raised only for load tests)."""
     scales: Mapping[str, Decimal] = field(default_factory=lambda: dict(LIMIT_SCALES))
     """Units of each currency per base-currency unit of a limit; a currency not listed counts one for one."""
 
@@ -62,6 +64,7 @@ class Claim:
     category: ClaimCategory
     evidence: Evidence = field(default_factory=Evidence)
     history: Sequence[PastRefund] = ()
+    """The claimant's refunds: the order's customer's and those of customer ids sharing its email, address or card."""
     refund_id: str = ""
     """This refund, left out of its customer's history."""
     words: frozenset[Read] = frozenset()
@@ -82,6 +85,13 @@ class Claim:
             return None
         said = ", ".join(sorted(w.replace("_", " ") for w in self.words))
         return f"the agent filed the claim as {self.category.replace('_', ' ')}, but the customer's words say {said}"
+
+    open_claims: Sequence[PastRefund] = ()
+    """The order's refunds that have not ended, this one among them (the case file's ``open_claims``)."""
+    outside: Sequence[PastRefund] = ()
+    """Refunds the payment provider made on the claimant's charges outside this service."""
+    charges: Mapping[str, str] = field(default_factory=dict)
+    """The claimant's charges (charge id -> order id) where the workflow reads ``outside``; policy does not."""
 
 
 #: Refunds that paid nothing and never will: not counted against a customer.
@@ -299,20 +309,79 @@ def _risk_unread(claim: Claim, order: Order) -> str | None:
 
 
 def _serial_claimant(verdict: Verdict, claim: Claim, as_of: datetime, limits: Limits) -> str | None:
-    """Why one customer's refunds inside the rolling window need a person's eye, or None."""
+    """Why this refund needs a person's eye however small, or None: another claim on its order is open, or the
+    claimant's refunds inside the rolling window (across their linked customer ids, and those the payment
+    provider made outside this service) are too many or too much."""
+    return _open_claim(claim, limits) or _repeat_claimant(verdict, claim, as_of, limits)
+
+
+def _open_claim(claim: Claim, limits: Limits) -> str | None:
+    """Why this claim waits for the order's open one (named, with how it was filed, so the approver reads both)."""
+    ahead = _open_claims_ahead(claim)
+    if len(ahead) < limits.order_max_open_claims:
+        return None
+    first = ahead[0]
+    filed = f", claimed as {first.claim_category}" if first.claim_category else ""
+    return (
+        f"refund {first.refund_id} of this order is still open ({first.status.replace('_', ' ')}{filed}): a second "
+        "claim on one order goes to a person with the first, never paid on its own"
+    )
+
+
+def _repeat_claimant(verdict: Verdict, claim: Claim, as_of: datetime, limits: Limits) -> str | None:
+    """Too many refunds, or too much money, for the claimant inside the rolling window."""
     since = as_of - timedelta(days=limits.customer_window_days)
-    recent = [
-        h
-        for h in claim.history
-        if h.refund_id != claim.refund_id and h.created_at >= since and h.status not in _ENDED_UNPAID
-    ]
+    seen: set[str] = set()
+    recent: list[PastRefund] = []
+    for h in (*claim.history, *claim.outside):
+        if h.refund_id in seen or h.refund_id == claim.refund_id:
+            continue
+        seen.add(h.refund_id)
+        if h.created_at >= since and h.status not in _ENDED_UNPAID:
+            recent.append(h)
     window = f"in the last {limits.customer_window_days} days"
+    counted = _counted_from(recent)
     if len(recent) + 1 > limits.customer_max_refunds:
         limit = limits.customer_max_refunds
-        return f"this would be the customer's refund number {len(recent) + 1} {window} (at most {limit} without review)"
+        return (
+            f"this would be the customer's refund number {len(recent) + 1} {window} (at most {limit} without "
+            f"review){counted}"
+        )
     spent = sum((h.amount for h in recent if h.currency == verdict.currency), Decimal(0))
     cap = limits.customer_max_amount_for(verdict.currency)
     if spent + verdict.amount > cap:
         total = _money(spent + verdict.amount, verdict.currency)
-        return f"the customer's refunds {window} would total {total}, above {_money(cap, verdict.currency)}"
+        return f"the customer's refunds {window} would total {total}, above {_money(cap, verdict.currency)}{counted}"
     return None
+
+
+#: The phases in which a refund is moving money: such a claim holds its order whenever it was made.
+_MOVING_MONEY = frozenset({"paying", "settling"})
+#: A refund in one of these has ended; any other phase is an open claim on its order.
+_ENDED = frozenset({"completed", *_ENDED_UNPAID})
+
+
+def _open_claims_ahead(claim: Claim) -> list[PastRefund]:
+    """The order's open claims this refund comes after, oldest first: those made before it that have not ended, and
+    those moving money. A later claim still deciding or waiting does not hold back an earlier one (it waits for a
+    person itself)."""
+    mine = next((c for c in claim.open_claims if c.refund_id == claim.refund_id), None)
+    ahead: list[PastRefund] = []
+    for other in claim.open_claims:
+        if other.refund_id == claim.refund_id or other.status in _ENDED:
+            continue
+        earlier = mine is None or (other.created_at, other.refund_id) < (mine.created_at, mine.refund_id)
+        if earlier or other.status in _MOVING_MONEY:
+            ahead.append(other)
+    return ahead
+
+
+def _counted_from(recent: Sequence[PastRefund]) -> str:
+    """Where the counted refunds came from, when not all are the order's customer's own with this service."""
+    outside = sum(1 for h in recent if h.outside)
+    linked = sorted({h.linked_by for h in recent if h.linked_by})
+    parts = [f"{outside} made at the payment provider outside this service"] if outside else []
+    if linked:
+        shared = " or ".join(linked)
+        parts.append(f"{sum(1 for h in recent if h.linked_by)} under another customer id with the same {shared}")
+    return f", counting {' and '.join(parts)}" if parts else ""

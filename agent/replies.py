@@ -65,6 +65,7 @@ _PLAIN: tuple[tuple[str, str], ...] = (
     ("the approval is for", "the amount differs from the one that was approved"),
     ("is finer than", "the amount has more decimal places than its currency allows"),
     ("refunds move in steps of", "the amount cannot be paid out exactly in its currency"),
+    ("of this order is still open", "an earlier refund request for this order is still open, and we answer it first"),
 )
 _GENERAL = "it is outside our refund policy"
 

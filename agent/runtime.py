@@ -180,6 +180,7 @@ def start(settings: Settings | None = None, *, worker: bool = True, migrate: boo
         customer_max_refunds=settings.customer_max_refunds,
         customer_max_amount=settings.customer_max_refund_amount,
         customer_max_amount_by_currency=settings.customer_max_refund_amounts,
+        order_max_open_claims=settings.order_max_open_claims,
         scales=settings.limit_scales,
     )
     approval_settings = ApprovalSettings(

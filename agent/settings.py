@@ -122,11 +122,16 @@ class Settings(BaseSettings):
     customer_refund_window_days: int = Field(default=30, ge=1)
     """The rolling window in which one customer's refunds are counted (``CUSTOMER_MAX_REFUNDS``, ``..._AMOUNT``)."""
     customer_max_refunds: int = Field(default=3, ge=1)
-    """More refunds than this for one customer inside the window go to a person, however small. Refused and failed
-    refunds are not counted."""
+    """More refunds than this for one customer inside the window go to a person, however small. One customer is
+    every customer id sharing the order's email, shipping address or card, and refunds made at the payment provider
+    outside this service count; refused and failed refunds are not counted."""
     customer_max_refund_amount: Decimal = Field(default=Decimal("500.00"), gt=0)
     """More money than this for one customer inside the window goes to a person. In the base currency (USD), scaled
     like ``AUTO_APPROVE_LIMIT`` (75,000 JPY, 150.000 KWD by default)."""
+    order_max_open_claims: int = Field(default=1, ge=1)
+    """Claims open on one order at once (received, deciding, waiting for a person, paying or settling): a claim made
+    after this many goes to a person, never paid on its own, so a customer cannot switch their story on one order.
+    Raise it only to load-test many refunds of one order at once."""
     customer_max_refund_amounts: dict[str, Decimal] = Field(default_factory=dict)
     """Per-currency overrides of ``CUSTOMER_MAX_REFUND_AMOUNT``, in that currency, e.g. ``{"JPY": "80000"}``."""
 

@@ -9,6 +9,7 @@ refund. Between the two, nothing runs (agent/approval_workflows.py).
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
@@ -29,6 +30,7 @@ from steps.evidence import Evidence
 from steps.faults import crash_point
 from steps.notify import CustomerMessage, notify_approvers_step, slack_approvers_step, slack_enabled
 from steps.orders import review_case_step
+from steps.outside_refunds import outside_refunds_step
 from steps.payments import ChargeDisputed, describe_failure, idempotency_key, issue_refund_step
 from steps.records import ModelUsage, OrderSnapshot
 from steps.refunds import (
@@ -72,7 +74,15 @@ async def refund_workflow(refund_id: str, request: dict[str, Any]) -> dict[str, 
         return await undecided(rt, refund_id, error, usage)
     # Policy reads what the look-up steps returned (deps.evidence), never the model's account of it.
     words = read_claim(req.message)
-    claim = policy.Claim(run.output.category, deps.evidence, case.history, refund_id, words=words)
+    claim = policy.Claim(
+        run.output.category,
+        deps.evidence,
+        case.history,
+        refund_id,
+        words=words,
+        open_claims=case.open_claims,
+        charges=case.charges,
+    )
     claim, whole = await whole_case(deps, claim, run.output, case.snapshot, rt.limits, req.amount)
     return await act_on(rt, refund_id, req, run.output, case.snapshot, usage, claim=claim, whole_case=whole)
 
@@ -111,6 +121,12 @@ async def act_on(
         # A refund judged on the whole case recorded its own patch, which implies this one.
         if verdict_changes(judged, verdict) and not whole_case and not await DBOS.patch_async(EVIDENCE_PATCH):
             judged = verdict
+    if claim is not None and claim.charges and judged.kind == "auto_approve":
+        # Paid at once (the one verdict the repeat rule changes): first count the refunds the provider made on the
+        # claimant's charges outside this service. A case file from before charges were read has none: it replays
+        # without this step.
+        claim = replace(claim, outside=await call(outside_refunds_step, dict(claim.charges)))
+        judged = policy_verdict(proposal, snapshot, rt.limits, requested=requested, claim=claim)
     record: dict[str, Any] = {
         "proposal": proposal.model_dump(mode="json"),
         "verdict": judged.model_dump(mode="json"),
@@ -132,6 +148,7 @@ async def act_on(
             **record,
             amount=verdict.amount,
             currency=verdict.currency,
+            open_claims_allowed=rt.limits.order_max_open_claims,
         )
         return await pay(rt, refund_id, verdict.amount, verdict.currency, plan, draft=proposal.customer_reply)
     # A refusal tells the customer why in plain words (or, where the evidence decided, policy's note): the model's

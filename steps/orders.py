@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from steps.claimants import claimant_charges, linked_customers, open_claims, past_refund
 from steps.records import CaseFile, Order, OrderSnapshot, PastRefund, from_minor
 from steps.store import customers, orders, read_step, refunds, utc
 
@@ -28,6 +30,8 @@ def order_from_row(row: Any) -> Order:
         customer_email=row.email,
         carrier=row.carrier,
         tracking_code=row.tracking_code,
+        shipping_address=row.shipping_address,
+        card_fingerprint=row.card_fingerprint,
     )
 
 
@@ -46,8 +50,9 @@ def load_order_step(conn: sa.Connection, order_id: str) -> OrderSnapshot | None:
 HISTORY_LIMIT = 20
 
 
-def refund_history_query(customer_id: str, dialect: str, limit: int = HISTORY_LIMIT) -> sa.Select[Any]:
-    """The customer's newest ``limit`` refunds, reading at most about ``limit`` rows of each of their orders.
+def refund_history_query(customer_id: str | Sequence[str], dialect: str, limit: int = HISTORY_LIMIT) -> sa.Select[Any]:
+    """The customer's (or customers') newest ``limit`` refunds, reading at most about ``limit`` rows of each of
+    their orders; each row names the customer id of its order.
 
     A refund belongs to one order, so the newest ``limit`` overall are among the newest ``limit`` of each
     order: a walk down ``ix_refunds_order_id_created_at`` per order. A join sorted as a whole instead
@@ -55,15 +60,16 @@ def refund_history_query(customer_id: str, dialect: str, limit: int = HISTORY_LI
     sort of all of them, so it gets the per-order walk spelled out as a LATERAL join; SQLite walks the
     index per order and stops each walk once ``limit`` newer rows are held, so the join is enough there.
     """
+    ids = [customer_id] if isinstance(customer_id, str) else list(customer_id)
     if dialect != "postgresql":
         return (
-            sa.select(refunds)
+            sa.select(refunds, orders.c.customer_id)
             .join(orders, orders.c.order_id == refunds.c.order_id)
-            .where(orders.c.customer_id == customer_id)
+            .where(orders.c.customer_id.in_(ids))
             .order_by(refunds.c.created_at.desc())
             .limit(limit)
         )
-    owned = sa.select(orders.c.order_id).where(orders.c.customer_id == customer_id).subquery("owned")
+    owned = sa.select(orders.c.order_id, orders.c.customer_id).where(orders.c.customer_id.in_(ids)).subquery("owned")
     newest = (
         sa.select(refunds)
         .where(refunds.c.order_id == owned.c.order_id)
@@ -72,7 +78,11 @@ def refund_history_query(customer_id: str, dialect: str, limit: int = HISTORY_LI
         .lateral("newest")
     )
     return (
-        sa.select(newest).select_from(owned).join(newest, sa.true()).order_by(newest.c.created_at.desc()).limit(limit)
+        sa.select(newest, owned.c.customer_id)
+        .select_from(owned)
+        .join(newest, sa.true())
+        .order_by(newest.c.created_at.desc())
+        .limit(limit)
     )
 
 
@@ -96,28 +106,27 @@ def refund_history_step(conn: sa.Connection, customer_id: str) -> list[PastRefun
 
 @read_step("orders.review_case")
 def review_case_step(conn: sa.Connection, order_id: str) -> CaseFile:
-    """Everything the agent judges a refund on, in one read: the order as it is now and the customer's refunds."""
+    """Everything the agent judges a refund on, in one read: the order as it is now, the claimant's refunds across
+    every customer id sharing the order's email, address or card, the order's open claims, and the claimant's
+    charges (where the payment provider is asked about refunds made outside this service)."""
     row = conn.execute(ORDER_QUERY.where(orders.c.order_id == order_id)).first()
     if row is None:
         return CaseFile(snapshot=None)
     snapshot = OrderSnapshot(order=order_from_row(row), as_of=datetime.now(UTC))
-    return CaseFile(snapshot=snapshot, history=_history(conn, snapshot.order.customer_id))
+    linked = linked_customers(conn, snapshot.order)
+    return CaseFile(
+        snapshot=snapshot,
+        history=_history(conn, linked),
+        open_claims=open_claims(conn, order_id),
+        charges=claimant_charges(conn, linked),
+    )
 
 
-def _history(conn: sa.Connection, customer_id: str) -> list[PastRefund]:
+def _history(conn: sa.Connection, linked: str | dict[str, str]) -> list[PastRefund]:
+    """Newest first; ``linked`` maps customer ids to how they are linked to the order's customer (``""``: theirs)."""
+    linked = {linked: ""} if isinstance(linked, str) else linked
     walk_indexes_in_order(conn)
-    rows = conn.execute(refund_history_query(customer_id, conn.dialect.name))
-    return [
-        PastRefund(
-            refund_id=row.refund_id,
-            order_id=row.order_id,
-            amount=from_minor(row.proposed_amount_minor or row.requested_amount_minor or 0, row.currency),
-            currency=row.currency,
-            status=row.status,
-            created_at=utc(row.created_at),
-        )
-        for row in rows
-    ]
+    return [past_refund(row, linked) for row in conn.execute(refund_history_query(list(linked), conn.dialect.name))]
 
 
 def list_orders(conn: sa.Connection, *, limit: int, after: str | None = None) -> list[Order]:

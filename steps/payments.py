@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -135,12 +136,17 @@ def _to_record(refund: stripe.Refund, key: str, *, reconciled: bool = False) -> 
     )
 
 
+def charge_refunds(charge_id: str) -> Iterator[stripe.Refund]:
+    """Every refund the provider holds on the charge, newest first, page by page."""
+    return iter(_client().v1.refunds.list(params={"charge": charge_id, "limit": 100}).auto_paging_iter())
+
+
 def find_refund(charge_id: str, key: str) -> stripe.Refund | None:
     """The charge's refund whose metadata carries ``key`` (Stripe lists by charge only; we match metadata).
 
     A live refund wins over failed or canceled ones made under the same key."""
     found: list[stripe.Refund] = []
-    for refund in _client().v1.refunds.list(params={"charge": charge_id, "limit": 100}).auto_paging_iter():
+    for refund in charge_refunds(charge_id):
         metadata = cast(dict[str, str], refund.metadata.to_dict() if refund.metadata else {})
         if metadata.get("idempotency_key") == key:
             found.append(refund)

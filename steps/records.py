@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any, Literal
@@ -136,6 +137,11 @@ class Order(Record):
     carrier: str = ""
     """The shipment's carrier and tracking code; empty when the order was never shipped."""
     tracking_code: str = ""
+    shipping_address: str = ""
+    """Where it was shipped, as the customer typed it; empty when never shipped (or recorded before addresses)."""
+    card_fingerprint: str = ""
+    """The paying card's fingerprint as the payment provider gave it at checkout (the same card gives the same
+    fingerprint under any customer account); empty when not paid by card."""
 
     @property
     def remaining(self) -> Decimal:
@@ -155,7 +161,27 @@ class PastRefund(Record):
     amount: Decimal
     currency: str
     status: str
+    """The refund's phase (``completed``, ``awaiting_approval``, ...); a provider refund's in the same words."""
     created_at: datetime
+    claim_category: str = ""
+    """The claim the agent filed it under; empty before claims were recorded, and for provider refunds."""
+    linked_by: str = ""
+    """Empty for the order's own customer; else the identity it shares with them under another customer id:
+    ``email``, ``address`` or ``card``."""
+    outside: bool = False
+    """True for a refund the payment provider made that this service did not (a dashboard refund, another system)."""
+
+
+def email_key(email: str) -> str:
+    """One mailbox, however it is written: case and surrounding space ignored, and a ``+tag`` (which delivers to
+    the same mailbox at the big providers) dropped. Empty for an empty address."""
+    local, at, domain = email.strip().casefold().partition("@")
+    return f"{local.split('+', 1)[0]}{at}{domain}" if at else local
+
+
+def address_key(address: str) -> str:
+    """One shipping address, however it is written: case, punctuation and runs of whitespace ignored."""
+    return " ".join(re.sub(r"[^\w\s]", " ", address.casefold()).split())
 
 
 class ModelUsage(Record):
@@ -173,7 +199,14 @@ class CaseFile(Record):
     snapshot: OrderSnapshot | None
     """None: no such order."""
     history: list[PastRefund] = []
-    """The customer's newest refund requests across their orders, newest first."""
+    """The claimant's newest refund requests across their orders, newest first: the order's customer's, and those
+    of every customer id that shares the order's email, shipping address or card (``linked_by``)."""
+    open_claims: list[PastRefund] = []
+    """The order's refunds that have not ended (this one among them), oldest first: a second claim on one order
+    waits for the first. Empty in case files recorded before it was read."""
+    charges: dict[str, str] = {}
+    """The claimant's most recently paid charges (charge id -> order id): where refunds made outside this service
+    are looked up. Empty in case files recorded before it was read."""
 
 
 #: A Stripe refund's status: only ``succeeded`` means the money was sent; ``pending`` and

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict
 
 from steps import audit
+from steps.claimants import claim_ahead
 from steps.notify import CustomerMessage, customer_of, queue_approvers_messages, queue_customer_message
 from steps.orders import ORDER_QUERY, order_from_row
 from steps.records import (
@@ -417,6 +418,7 @@ def record_verdict_and_reserve_step(
     amount: Decimal,
     currency: str,
     evidence: dict[str, Any] | None = None,
+    open_claims_allowed: int = 1,
 ) -> PaymentPlan:
     """An auto-approved refund has nothing to wait for: its verdict and its reservation commit together.
 
@@ -425,6 +427,11 @@ def record_verdict_and_reserve_step(
     """
     order = _locked_order(order_id)
     _record_verdict(refund_id, proposal, verdict, model, usage, evidence)
+    # One open claim per order: the case file sent a second claim to a person, but two claims decided at once can
+    # each have been read before the other; under the order's lock, the later one is refused, nothing reserved.
+    if (ahead := claim_ahead(session(), refund_id, order_id, allowed=open_claims_allowed)) is not None:
+        refusal = f"{ahead}: a second claim on one order is never paid on its own"
+        return PaymentPlan(snapshot=None, first_attempt_at=datetime.now(UTC), refusal=refusal)
     return _reserve(refund_id, order_id, order, amount=amount, currency=currency)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from steps.records import to_minor
+from steps.records import address_key, email_key, to_minor
 from steps.store import customers, orders
 
 CUSTOMERS = [
@@ -17,6 +17,14 @@ CUSTOMERS = [
     ("cus_yuki", "Yuki Tanaka", "yuki@example.com"),
     ("cus_omar", "Omar Haddad", "omar@example.com"),
 ]
+
+#: customer_id -> (shipping address, card fingerprint) of their demo orders: what links one claimant's customer ids.
+IDENTITIES: dict[str, tuple[str, str]] = {
+    "cus_ada": ("12 St James's Square, London SW1Y 4JH", "fp_card_ada_visa"),
+    "cus_grace": ("1 Navy Yard Plaza, Arlington VA 22202", "fp_card_grace_amex"),
+    "cus_yuki": ("3-1 Marunouchi, Chiyoda-ku, Tokyo 100-0005", "fp_card_yuki_jcb"),
+    "cus_omar": ("48 Corniche Road, Kuwait City 13001", "fp_card_omar_mc"),
+}
 
 # order_id, customer, currency, captured, refunded, status, days since payment, items, notes
 ORDERS = [
@@ -101,6 +109,15 @@ def demo_charges() -> list[dict[str, Any]]:
     ]
 
 
+def identity_values(shipping_address: str, card_fingerprint: str) -> dict[str, str]:
+    """An order's identity columns as written with its row: the address as typed and as one address, the card."""
+    return {
+        "shipping_address": shipping_address,
+        "address_key": address_key(shipping_address),
+        "card_fingerprint": card_fingerprint,
+    }
+
+
 def seed(engine: sa.Engine, *, reset: bool = False, now: datetime | None = None) -> int:
     """Load the demo data; existing rows are kept unless ``reset``. Returns the number of orders written."""
     now = now or datetime.now(UTC)
@@ -109,7 +126,9 @@ def seed(engine: sa.Engine, *, reset: bool = False, now: datetime | None = None)
         for customer_id, name, email in CUSTOMERS:
             if conn.execute(sa.select(customers.c.customer_id).where(customers.c.customer_id == customer_id)).first():
                 continue
-            conn.execute(customers.insert().values(customer_id=customer_id, name=name, email=email))
+            conn.execute(
+                customers.insert().values(customer_id=customer_id, name=name, email=email, email_key=email_key(email))
+            )
         for order_id, customer_id, currency, captured, refunded, status, days, items, notes in ORDERS:
             values = {
                 "customer_id": customer_id,
@@ -123,6 +142,7 @@ def seed(engine: sa.Engine, *, reset: bool = False, now: datetime | None = None)
                 "notes": notes,
                 "carrier": SHIPMENTS.get(order_id, ("", ""))[0],
                 "tracking_code": SHIPMENTS.get(order_id, ("", ""))[1],
+                **identity_values(*IDENTITIES[customer_id]),
             }
             exists = conn.execute(sa.select(orders.c.order_id).where(orders.c.order_id == order_id)).first()
             if exists and reset:

@@ -33,6 +33,9 @@ customers = sa.Table(
     sa.Column("customer_id", sa.String(64), primary_key=True),
     sa.Column("name", sa.String(200), nullable=False),
     sa.Column("email", sa.String(320), nullable=False),
+    # The email as one mailbox (steps.records.email_key), written with the row (migration 0013): one claimant
+    # under two customer ids is found by it.
+    sa.Column("email_key", sa.String(320), nullable=False, server_default="", index=True),
 )
 
 orders = sa.Table(
@@ -51,6 +54,11 @@ orders = sa.Table(
     # The shipment (migration 0012): empty for orders never shipped, or from before.
     sa.Column("carrier", sa.String(32), nullable=False, server_default=""),
     sa.Column("tracking_code", sa.String(64), nullable=False, server_default=""),
+    # Who the order went to and what paid for it (migration 0013): the shipping address as typed and as one
+    # address (steps.records.address_key), and the card's fingerprint. Empty on orders from before.
+    sa.Column("shipping_address", sa.Text, nullable=False, server_default=""),
+    sa.Column("address_key", sa.String(400), nullable=False, server_default="", index=True),
+    sa.Column("card_fingerprint", sa.String(64), nullable=False, server_default="", index=True),
 )
 
 refunds = sa.Table(

@@ -20,7 +20,12 @@ from tests.conftest import Env
 API_TOKEN = "scale-test-token-at-least-32-bytes-long"
 #: These clusters send dozens of refunds for one customer to test recovery, not the serial-claimant rule (which
 #: would park all but three of them): each refund is judged as the customer's first.
-SERIAL_RULE_OFF = {"CUSTOMER_MAX_REFUNDS": "1000000", "CUSTOMER_MAX_REFUND_AMOUNT": "100000000"}
+#: Many refunds of one order at once, and of one customer: neither one-open-claim-per-order nor the serial rule.
+SERIAL_RULE_OFF = {
+    "CUSTOMER_MAX_REFUNDS": "1000000",
+    "CUSTOMER_MAX_REFUND_AMOUNT": "100000000",
+    "ORDER_MAX_OPEN_CLAIMS": "1000000",
+}
 DONE = ("SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED")
 
 

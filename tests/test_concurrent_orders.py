@@ -1,11 +1,12 @@
 """Two refunds of one order running at once on two workers.
 
-Policy checks each refund against the order right before paying (``refunds.record_verdict_and_reserve``,
-or ``refunds.prepare_approved_payment`` once approved), and the order's refunded amount only grows
-after the provider answered (``refunds.record_payment``), so the amount being paid is reserved in
-between. Without the reservation both workers pass the check
-and a 42.00 order is refunded 42.00 twice; one process alone does not show it (its sync payment step
-holds the event loop), two do.
+One order has one open claim: the later of two claims reads the earlier one in its case file and waits for a
+person with it, and two claims that reach the reservation at once are settled under the order's lock
+(tests/test_open_claims.py). Behind that, policy checks each refund against the order right before paying
+(``refunds.record_verdict_and_reserve``, or ``refunds.prepare_approved_payment`` once approved), and the
+order's refunded amount only grows after the provider answered (``refunds.record_payment``), so the amount
+being paid is reserved in between. Without either both workers pass the check and a 42.00 order is refunded
+42.00 twice; one process alone does not show it (its sync payment step holds the event loop), two do.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def test_two_workers_never_refund_one_order_beyond_what_was_captured(tmp_path: P
         )
         paid = [int(r["amount"]) for r in svc.sandbox.refunds("ch_ord_1001")]
         assert paid == [4200]  # ord_1001 captured 42.00 USD: paid once, in full
-        assert outcomes == ["completed", "rejected"]
+        assert outcomes == ["awaiting_approval", "completed"]  # the second claim waits for a person
     finally:
         for worker in workers:
             stop(worker)

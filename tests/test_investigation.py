@@ -59,6 +59,7 @@ def test_never_arrived_and_returned_to_sender_is_looked_up_then_paid(env: Env, c
         MODEL,
         "DBOS.patch-whole-case",  # paid at once: the workflow reads the charge's disputes and fraud warnings
         PAYMENT_RISK_STEP,
+        "payments.outside_refunds",  # paid at once: refunds made at the provider outside this service count
         "refunds.record_verdict_and_reserve",
         "payments.issue_refund",
         "refunds.record_payment",

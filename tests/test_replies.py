@@ -43,6 +43,10 @@ REFUSALS = [
     ("amount 50.00 exceeds the refundable 10.00 USD", "more than what is left to refund"),
     ("re-check before paying: refuse: the order is already fully refunded", "already been refunded in full"),
     ("amount 80.00 USD is more than the 50.00 USD the customer asked for", "more than you asked for"),
+    (
+        "refund k-1 of this order is still open (deciding): a second claim on one order is never paid on its own",
+        "an earlier refund request for this order is still open, and we answer it first",
+    ),
     ("something policy never said before", "outside our refund policy"),
 ]
 
