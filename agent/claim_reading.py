@@ -24,7 +24,9 @@ _PHRASES: dict[Read, str] = {
         rf"never (?:arrived|came|showed up|turned up|(?:got|received)\b{_NOT_MONEY})|"
         rf"(?:didn'?t|did not|hasn'?t|has not|haven'?t|have not|never) (?:arrive|arrived|come|turn(?:ed)? up|"
         rf"show(?:n|ed)? up|(?:receive|received|get|got)\b{_NOT_MONEY})|"
-        r"not (?:yet )?(?:arrived|received|delivered)|where(?:'s| is) my (?:order|parcel|package|delivery|item)|"
+        r"not (?:yet )?(?:arrived|received|delivered)|not (?:yet )?been delivered|"
+        r"(?:never|didn'?t|did not|hasn'?t|has not) (?:made|make) it\b|nowhere to be (?:found|seen)|"
+        r"where(?:'s| is) my (?:order|parcel|package|delivery|item)|"
         r"(?:parcel|package|order|delivery|shipment|item)s? (?:is |was |got |has been |have been |went )?"
         r"(?:lost|missing|stolen)|lost in (?:the )?(?:post|mail|transit)|still (?:waiting|not here)|no sign of|"
         r"no ha llegado|nicht angekommen|pas (?:reçu|arrivé)|jamais reçu|届いていません"
@@ -37,7 +39,8 @@ _PHRASES: dict[Read, str] = {
     "returned": (
         r"(?:sent|send|shipped|mailed|posted|brought|took) (?:it|them|everything|(?:the|my|both) \w+(?: \w+)?) back|"
         r"returned (?:it|them|the|my|everything)|i (?:have |already )?returned|return(?:ed)? (?:parcel|package)|"
-        r"dropped (?:it|them|the parcel|the package|the return) off|devuelto|zurückgeschickt|renvoyé"
+        r"dropped (?:it|them|the parcel|the package|the return) off|went back to (?:you|your|the)\b|"
+        r"(?:with|using) the (?:return )?label you|devuelto|zurückgeschickt|renvoyé"
     ),
     "wrong_item": (
         r"wrong (?:item|size|colou?r|model|product|one|thing|book)s?\b|not what i ordered|sent me the wrong|"

@@ -21,6 +21,9 @@ READINGS: list[tuple[str, set[str]]] = [
     ("Nothing came. My package is missing.", {"not_received"}),
     ("Mi pedido no ha llegado.", {"not_received"}),
     ("Das Paket ist nicht angekommen.", {"not_received"}),
+    ("The lamp is nowhere to be found, the box never made it to my door.", {"not_received"}),
+    ("My package has not been delivered yet and I would like the money back.", {"not_received"}),
+    ("The parcel didn't make it to me.", {"not_received"}),
     # damaged, reworded
     ("It arrived broken.", {"damaged"}),
     ("actually it arrived broken", {"damaged"}),
@@ -33,6 +36,7 @@ READINGS: list[tuple[str, set[str]]] = [
     ("I sent it back last week.", {"returned"}),
     ("I returned the yoga mat weeks ago.", {"returned"}),
     ("I shipped them back to you.", {"returned"}),
+    ("The mat went back to your warehouse with the label you emailed.", {"returned"}),
     # charged twice
     ("I was charged twice for this band.", {"duplicate_charge"}),
     ("You double-charged me.", {"duplicate_charge"}),

@@ -666,11 +666,6 @@ def test_the_local_session_and_the_upgrade_commands_run(tmp_path: Path) -> None:
         world.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="`refund-agent eval` exits 1 on the offline model's policy violations on the judgement cases while policy "
-    "trusts the model's category (docs/evaluations.md, test models)",
-)
 def test_the_evaluation_commands_run(tmp_path: Path) -> None:
     world = World(tmp_path)
     (world.cwd / "evals").mkdir()

@@ -376,13 +376,6 @@ def test_agent_told_to_refund_another_order_can_only_reach_a_verdict_on_the_requ
 
 #: What the test models are gated on: the claims that need evidence, and the judgement cases (small: CI time).
 GATED = sorted(EVIDENCE_CATEGORIES | JUDGEMENT_CATEGORIES)
-#: On this code the product still trusts the model's category: these gates fail until policy judges every claim on
-#: all of its evidence, reads disputes before every automatic payment and holds one open claim per order.
-TRUSTS_THE_CATEGORY = pytest.mark.xfail(
-    strict=True,
-    reason="policy still reads only the evidence the model's category names, reads disputes only for "
-    "duplicate_charge claims, and pays a second claim on an order whose first is open",
-)
 
 
 def _test_model(name: str) -> Model:
@@ -391,13 +384,7 @@ def _test_model(name: str) -> Model:
 
 @pytest.mark.parametrize(
     "name",
-    [
-        pytest.param(OFFLINE_MODEL_NAME, marks=TRUSTS_THE_CATEGORY),
-        pytest.param("misfiling", marks=TRUSTS_THE_CATEGORY),
-        pytest.param("ticket-steered", marks=TRUSTS_THE_CATEGORY),
-        pytest.param("skips-look-ups", marks=TRUSTS_THE_CATEGORY),
-        "greedy",
-    ],
+    [OFFLINE_MODEL_NAME, "misfiling", "ticket-steered", "skips-look-ups", "greedy"],
 )
 def test_no_test_model_gets_money_paid_that_the_rules_on_the_true_facts_forbid(name: str) -> None:
     run = asyncio.run(evaluate(_test_model(name), name, only=GATED))

@@ -6,6 +6,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -28,11 +29,13 @@ from agent import policy
 from agent.brain import AgentDeps, prompt_for
 from agent.claim_reading import read_claim
 from agent.domain import RefundProposal, RefundRequest
+from agent.ops.offloop import call
 from agent.submit import SubmissionError, checked_request
 from agent.whole_case import complete_case
 from agent.workflow import policy_verdict
 from proving.evals.cases import DatasetFile, EvalCase, OrderSpec
 from steps.orders import get_order, review_case_step
+from steps.outside_refunds import outside_refunds_step
 from steps.records import CaseFile, to_minor
 from steps.store import app_db, close_app_database, customers, metadata, open_app_database, orders, refunds
 
@@ -215,10 +218,21 @@ class CaseRunner:
         snapshot = case_file.snapshot
         # As the workflow does: policy reads what the look-up steps returned, never the model's account of it.
         words = read_claim(request.message)
-        claim = policy.Claim(proposal.category, deps.evidence, case_file.history, refund_id, words=words)
+        claim = policy.Claim(
+            proposal.category,
+            deps.evidence,
+            case_file.history,
+            refund_id,
+            words=words,
+            open_claims=case_file.open_claims,
+            charges=case_file.charges,
+        )
         if snapshot is not None:  # the look-ups the workflow makes itself when the model did not
             claim = await complete_case(deps, claim, proposal, snapshot, self.limits, request.amount)
         verdict = policy_verdict(proposal, snapshot, self.limits, requested=request.amount, claim=claim)
+        if claim.charges and verdict.kind == "auto_approve":  # as the workflow: refunds made outside it count
+            claim = replace(claim, outside=await call(outside_refunds_step, dict(claim.charges)))
+            verdict = policy_verdict(proposal, snapshot, self.limits, requested=request.amount, claim=claim)
         outcome = CaseOutcome(
             # The order policy judged, as the case file's read found it: what the verdict would pay, whatever the
             # case says.

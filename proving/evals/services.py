@@ -26,6 +26,7 @@ from proving.evals.cases import DatasetFile
 from sandbox import payments
 from sandbox.evidence import Credentials, EvidenceSeed, RiskSeed, create_app
 from steps import evidence
+from steps import payments as step_payments
 
 _KEY = "eval-local"  # the sandboxes' own keys: they serve made-up data on loopback only
 Receive = Any
@@ -143,6 +144,11 @@ def evidence_services(data: DatasetFile) -> Iterator[evidence.EvidenceConfig]:
                 timeout_seconds=10.0,
             )
             evidence.configure(config)
+            # The provider's refund list (refunds made outside the service count for the repeat rule) reads the same
+            # ledger: nothing is ever paid through it here.
+            step_payments.configure(
+                step_payments.PaymentsConfig(base_url=stripe.base_url, api_key=_KEY, key_ttl_seconds=86400.0)
+            )
             yield config
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
