@@ -157,6 +157,7 @@ async def plain_refund(
         model=rt.model_label,
         amount=verdict.amount,
         currency=verdict.currency,
+        open_claims_allowed=rt.limits.order_max_open_claims,
     )
     assert plan.snapshot is not None
     order = plan.snapshot.order

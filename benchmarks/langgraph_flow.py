@@ -183,7 +183,12 @@ def record_verdict_node(state: RefundState) -> RefundState:
         return {"verdict": record["verdict"]}
     # As the workflow does: an auto-approved refund's verdict and reservation commit together.
     plan = record_verdict_and_reserve_step(
-        state["refund_id"], request.order_id, **record, amount=verdict.amount, currency=verdict.currency
+        state["refund_id"],
+        request.order_id,
+        **record,
+        amount=verdict.amount,
+        currency=verdict.currency,
+        open_claims_allowed=ctx.limits.order_max_open_claims,
     )
     _recheck(state["refund_id"], verdict, plan)
     return {"verdict": record["verdict"], "plan": plan.model_dump(mode="json")}

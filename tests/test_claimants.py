@@ -10,6 +10,7 @@ from decimal import Decimal
 import pytest
 
 from agent.policy import Claim, Limits, decide
+from steps.evidence import Evidence, RiskSignals
 from steps.records import Order, PastRefund, address_key, email_key
 
 NOW = datetime(2026, 11, 1, 12, tzinfo=UTC)
@@ -65,6 +66,9 @@ def past(n: int, *, linked_by: str = "", outside: bool = False, status: str = "c
 
 
 def verdict_on(claim: Claim, amount: str = "42.00") -> tuple[str, tuple[str, ...]]:
+    """Policy's verdict with the charge read clean, as the workflow reads it before any payment at once."""
+    if claim.evidence.risk is None:
+        claim = replace(claim, evidence=claim.evidence.model_copy(update={"risk": RiskSignals(charge_id="ch_x")}))
     verdict = decide(amount=Decimal(amount), currency="USD", order=ORDER, as_of=NOW, limits=LIMITS, claim=claim)
     return verdict.kind, verdict.reasons
 
@@ -109,7 +113,8 @@ def test_a_refund_whose_own_row_is_missing_counts_every_open_claim_as_earlier() 
 
 def test_a_load_test_may_allow_more_claims_open_on_one_order() -> None:
     first = claim_on_order("first", "deciding", minutes_ago=10)
-    claim = Claim(category="damaged", refund_id="this", open_claims=[first, THIS])
+    read = Evidence(risk=RiskSignals(charge_id="ch_x"))
+    claim = Claim(category="damaged", evidence=read, refund_id="this", open_claims=[first, THIS])
     many = replace(LIMITS, order_max_open_claims=2)
     verdict = decide(amount=Decimal("42.00"), currency="USD", order=ORDER, as_of=NOW, limits=many, claim=claim)
     assert verdict.kind == "auto_approve"

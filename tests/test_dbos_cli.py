@@ -89,7 +89,7 @@ def test_dbos_cli_fork_from_the_payment_step_sends_the_same_key_and_pays_once(
     """Cancelled while the provider applies the refund, then forked from the payment step with the CLI."""
     refund_id = submit(client, "dbos-cli-fork-01", "ord_1002")
     parked(client, refund_id)
-    env.sandbox.set_faults(latency_ms=3000)
+    env.sandbox.set_faults(latency_ms=8000)  # the `dbos` CLI (a new process) must cancel inside the call
     approvals.decide_pending(decide_here, refund_id=refund_id, decision="approve", approver=DANA, via="console")
     continuation = settle_id(refund_id)
     prepare_step = wait_for(lambda: prepared(client, continuation), timeout=60, what="the payment", interval=0.05)

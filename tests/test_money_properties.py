@@ -36,6 +36,7 @@ from steps.records import Order, OrderSnapshot, from_minor
 from steps.seed import ORDERS, seed
 from steps.store import app_db, close_app_database, open_app_database
 from tests.conftest import Env, SandboxServer, make_databases
+from tests.evidence_server import EvidenceServer
 from tests.identities import DANA, HELPDESK
 
 LIMITS = policy.Limits(auto_approve=Decimal("100.00"), absolute_cap=Decimal("10000.00"), window_days=60)
@@ -367,11 +368,12 @@ def schedules(draw: st.DrawFn) -> tuple[list[Step], int, str | None]:
 
 
 class Service:
-    """A worker process on fresh SQLite databases, with the sandbox in this process."""
+    """A worker process on fresh SQLite databases, with the payments and evidence sandboxes in this process."""
 
     def __init__(self, root: Path) -> None:
         self.sandbox = SandboxServer(f"sqlite:///{root}/sandbox.sqlite")
-        self.env = Env("sqlite", make_databases("sqlite", root), root / "data", self.sandbox)
+        self.evidence = EvidenceServer()  # the look-ups policy wants before paying at once
+        self.env = Env("sqlite", make_databases("sqlite", root), root / "data", self.sandbox, self.evidence)
         settings_ = self.env.settings()
         audit.use_key(settings_.audit_key())
         runtime.migrate_databases(settings_)
@@ -411,6 +413,7 @@ class Service:
         self.client.destroy()
         close_app_database()
         self.sandbox.close()
+        self.evidence.stop()
 
 
 def _play(svc: Service, steps: list[Step], kill_after: int, crash_at: str | None) -> dict[str, Step]:
