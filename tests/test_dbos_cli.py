@@ -73,6 +73,9 @@ def test_dbos_cli_shows_a_parked_refunds_timers_then_cancels_and_resumes_its_con
     env.sandbox.set_faults(latency_ms=0)
     dbos(env, tmp_path, "resume", continuation)
     assert wait_for_outcome(client, refund_id)["status"] == "completed"
+    # The cancelled run's call is answered too (replayed) before the test ends: a step thread left waiting would
+    # retry into the next test's provider, which this process then points at.
+    wait_for(lambda: env.sandbox.stats().get("create_requests", 0) >= 2, timeout=30, what="the cancelled call")
     assert len(env.sandbox.refunds("ch_ord_1002")) == 1
 
 
