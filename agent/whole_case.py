@@ -15,15 +15,31 @@ from dbos import DBOS
 
 from agent import policy
 from agent.brain import AgentDeps, look_up_for_policy
+from agent.claim_reading import read_claim
 from agent.domain import RefundProposal, Verdict
 from steps.evidence import LookUp
-from steps.records import OrderSnapshot
+from steps.records import CaseFile, OrderSnapshot
 
 #: Durable: the patch recorded by refunds judged on the whole case: the look-ups the claim and the order need made by
 #: the workflow when the model did not, every recorded fact counted, the customer's words read beside the model's
 #: category (agent/policy.py). Refunds decided before it replay by the category alone. Retire it (then the
 #: ``by_label`` rules) once no refund recorded without it can be PENDING.
 WHOLE_CASE_PATCH = "whole-case"
+
+
+def case_claim(proposal: RefundProposal, deps: AgentDeps, case: CaseFile, refund_id: str) -> policy.Claim:
+    """The claim policy judges after the agent's run: the agent's category, the customer's words read without the
+    model, what the look-up steps returned, and the claimant's refunds and the order's open claims as the case file
+    read them (the workflow and the evaluations build it here, so they judge alike)."""
+    return policy.Claim(
+        proposal.category,
+        deps.evidence,
+        case.history,
+        refund_id,
+        words=read_claim(deps.request.message),
+        open_claims=case.open_claims,
+        charges=case.charges,
+    )
 
 
 def verdict_changes(judged: Verdict, verdict: Verdict) -> bool:

@@ -19,13 +19,12 @@ from pydantic_ai.usage import RunUsage
 from agent import approvals, policy, replies
 from agent.approval_workflows import start_timers
 from agent.brain import AgentDeps, prompt_for
-from agent.claim_reading import read_claim
 from agent.claims import evidence_lines
 from agent.context import Runtime, current
 from agent.domain import ApprovalRecord, Phase, RefundProposal, RefundRequest, Verdict
 from agent.ops.offloop import call
 from agent.settlement import park_payment, settle
-from agent.whole_case import verdict_changes, whole_case
+from agent.whole_case import case_claim, verdict_changes, whole_case
 from steps.evidence import Evidence
 from steps.faults import crash_point
 from steps.notify import CustomerMessage, notify_approvers_step, slack_approvers_step, slack_enabled
@@ -73,16 +72,7 @@ async def refund_workflow(refund_id: str, request: dict[str, Any]) -> dict[str, 
     except Exception as error:  # the model failed or misbehaved through its retries: nothing was paid
         return await undecided(rt, refund_id, error, usage)
     # Policy reads what the look-up steps returned (deps.evidence), never the model's account of it.
-    words = read_claim(req.message)
-    claim = policy.Claim(
-        run.output.category,
-        deps.evidence,
-        case.history,
-        refund_id,
-        words=words,
-        open_claims=case.open_claims,
-        charges=case.charges,
-    )
+    claim = case_claim(run.output, deps, case, refund_id)
     claim, whole = await whole_case(deps, claim, run.output, case.snapshot, rt.limits, req.amount)
     return await act_on(rt, refund_id, req, run.output, case.snapshot, usage, claim=claim, whole_case=whole)
 

@@ -27,11 +27,10 @@ from pydantic_evals import increment_eval_metric
 
 from agent import policy
 from agent.brain import AgentDeps, prompt_for
-from agent.claim_reading import read_claim
 from agent.domain import RefundProposal, RefundRequest
 from agent.ops.offloop import call
 from agent.submit import SubmissionError, checked_request
-from agent.whole_case import complete_case
+from agent.whole_case import case_claim, complete_case
 from agent.workflow import policy_verdict
 from proving.evals.cases import DatasetFile, EvalCase, OrderSpec
 from steps.orders import get_order, review_case_step
@@ -217,16 +216,7 @@ class CaseRunner:
         proposal = result.output
         snapshot = case_file.snapshot
         # As the workflow does: policy reads what the look-up steps returned, never the model's account of it.
-        words = read_claim(request.message)
-        claim = policy.Claim(
-            proposal.category,
-            deps.evidence,
-            case_file.history,
-            refund_id,
-            words=words,
-            open_claims=case_file.open_claims,
-            charges=case_file.charges,
-        )
+        claim = case_claim(proposal, deps, case_file, refund_id)
         if snapshot is not None:  # the look-ups the workflow makes itself when the model did not
             claim = await complete_case(deps, claim, proposal, snapshot, self.limits, request.amount)
         verdict = policy_verdict(proposal, snapshot, self.limits, requested=request.amount, claim=claim)
