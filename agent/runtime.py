@@ -19,6 +19,8 @@ from agent.brain import build_agent
 from agent.context import Runtime, current, install, running
 from agent.identity import approver_names
 from agent.ops import heartbeat
+from agent.ops.checkpoint_store import secure_checkpoints
+from agent.ops.checkpoints import SERIALIZER
 from agent.settings import Settings, get_settings
 from steps import audit, evidence, faults, notify, payments
 from steps.store import close_app_database, create_engine, normalize_url, open_app_database
@@ -82,6 +84,7 @@ def dbos_config(settings: Settings) -> DBOSConfig:
         "application_version": settings.refund_agent_app_version,
         "notification_listener_polling_interval_sec": settings.notification_polling_interval_seconds,
         "log_level": "WARNING",
+        "serializer": SERIALIZER,  # checkpoints as JSON, never pickle (agent/ops/checkpoints.py)
     }
     if settings.dbos_conductor_key is not None:  # optional: DBOS Console through Conductor
         config["conductor_key"] = settings.dbos_conductor_key.get_secret_value()
@@ -122,10 +125,17 @@ def use_audit_chain(settings: Settings) -> None:
 
 
 def migrate_databases(settings: Settings) -> None:
-    """Create or migrate both databases: DBOS's system tables and the application schema (Alembic)."""
+    """Create or migrate both databases: DBOS's system tables (with pickled checkpoints rewritten as JSON) and the
+    application schema (Alembic)."""
     from steps.migrate import upgrade
 
-    DBOS.migrate(normalize_url(settings.system_database_url))
+    url = normalize_url(settings.system_database_url)
+    DBOS.migrate(url)
+    engine = create_engine(url)
+    try:
+        secure_checkpoints(engine)
+    finally:
+        engine.dispose()
     upgrade(settings.app_database_url)
 
 
@@ -280,4 +290,4 @@ def stop(workflow_completion_timeout_sec: int = 0) -> None:
 def client(settings: Settings | None = None) -> DBOSClient:
     """A DBOS client for processes that submit, approve or inspect without running workflows."""
     settings = settings or get_settings()
-    return DBOSClient(system_database_url=normalize_url(settings.system_database_url))
+    return DBOSClient(system_database_url=normalize_url(settings.system_database_url), serializer=SERIALIZER)

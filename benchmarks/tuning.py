@@ -79,7 +79,8 @@ def knobs() -> list[Knob]:
             "serializer",
             "postgres",
             "sequential",
-            Arm("pickle (DBOS default)"),
+            Arm("tagged JSON (product)"),
+            Arm("pickle (DBOS default)", config={"serializer": harness.drop_key()}),
             Arm("portable JSON", config={"serializer": DBOSPortableJSONSerializer()}),
         ),
         Knob(

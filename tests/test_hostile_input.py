@@ -21,6 +21,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from agent import runtime
 from agent.domain import RefundRequest
+from agent.ops.checkpoints import SERIALIZER
 from agent.ops.processes import wait_for
 from agent.settings import Settings
 from agent.status import parked, wait_for_outcome
@@ -126,7 +127,7 @@ def test_malformed_requests_get_a_clear_4xx_and_start_nothing(env: Env, tmp_path
         wrong.append(_problem(response, 400, "SQL in the cursor"))
         assert [w for w in wrong if w] == []
         assert svc.refund_rows() == 0
-        client = DBOSClient(system_database_url=env.dbs.system_url)
+        client = DBOSClient(system_database_url=env.dbs.system_url, serializer=SERIALIZER)
         try:
             assert client.list_workflows() == []
         finally:

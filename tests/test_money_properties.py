@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 from agent import approvals, policy, runtime
 from agent.domain import RefundRequest, Verdict
+from agent.ops.checkpoints import SERIALIZER
 from agent.ops.processes import child_env, spawn, stop, wait_for
 from agent.status import parked, wait_for_outcome
 from agent.submit import SubmissionError, submit_refund
@@ -379,7 +380,7 @@ class Service:
         runtime.migrate_databases(settings_)
         open_app_database(settings_.app_database_url)
         seed(app_db().engine)
-        self.client = DBOSClient(system_database_url=self.env.dbs.system_url)
+        self.client = DBOSClient(system_database_url=self.env.dbs.system_url, serializer=SERIALIZER)
         self.vars = child_env(self.env.env_vars(), drop=("REFUND_AGENT_CRASH_AT", "REFUND_AGENT_MODEL"))
         self.logs = root / "logs"
         self.worker: subprocess.Popen[bytes] | None = None

@@ -20,6 +20,7 @@ from dbos import DBOSClient, WorkflowStatus
 
 from agent.approvals import family
 from agent.domain import refund_id_of
+from agent.ops.checkpoints import SERIALIZER
 from agent.status import speaking
 from proving.chaos.cluster import Cluster
 from proving.chaos.driver import Driver
@@ -254,7 +255,7 @@ def run_chaos(config: ChaosConfig, *, say: Any = print) -> dict[str, Any]:
         stopped = time.monotonic()
         say(f"[{stopped - t0:7.1f}s] faults stopped; waiting up to {config.settle_seconds:.0f}s for refunds to settle")
         settle_until = min(stopped + config.settle_seconds, t0 + config.max_seconds)
-        engine, client = create_engine(app_url), DBOSClient(system_database_url=system_url)
+        engine, client = create_engine(app_url), DBOSClient(system_database_url=system_url, serializer=SERIALIZER)
         while True:
             try:
                 observed = _observe(plan, engine, client, driver.accepted)
