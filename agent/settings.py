@@ -12,6 +12,7 @@ from decimal import Decimal
 from functools import cache
 from pathlib import Path
 from typing import Literal
+from urllib.parse import quote
 
 from pydantic import BaseModel, Field, SecretStr, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -211,6 +212,24 @@ class Settings(BaseSettings):
     dbos_conductor_key: SecretStr | None = None
     """Optional: connect to DBOS Conductor (DBOS Console); needs the ``conductor`` extra (dbos[enterprise]). Issued
     by DBOS: blank is refused."""
+    refund_agent_dbos_console_url: str | None = None
+    """Where a DBOS console shows one workflow, with ``{workflow_id}`` where its id goes, e.g.
+    ``http://127.0.0.1:8090/workflows/{workflow_id}`` (dbos-argus on loopback) or DBOS Console's workflow page. The
+    operator console links each of a refund's workflows there. Unset: no link."""
+
+    @field_validator("refund_agent_dbos_console_url")
+    @classmethod
+    def _workflow_link(cls, value: str | None) -> str | None:
+        if value is not None and (not value.startswith(("http://", "https://")) or "{workflow_id}" not in value):
+            raise ValueError(
+                "must be an http(s) URL with {workflow_id} in it, e.g. http://127.0.0.1:8090/workflows/{workflow_id}"
+            )
+        return value
+
+    def dbos_console_link(self, workflow_id: str) -> str | None:
+        """The DBOS console's page of one workflow (its id escaped into the URL's path), or None when unset."""
+        url = self.refund_agent_dbos_console_url
+        return url.replace("{workflow_id}", quote(workflow_id, safe="")) if url else None
 
     @field_validator(*OWN_SECRETS)
     @classmethod

@@ -144,6 +144,10 @@ RUN_ELSEWHERE: dict[str, Elsewhere] = {
     ),
 }
 
+_NEEDS_PYTHON_312 = (
+    "dbos-argus needs Python 3.12 or newer, the test machines have 3.11; the JSON it reads is tested by"
+    " test_checkpoint_format.py"
+)
 _NO_DOCKER = "no Docker engine where the tests run; tests/test_docker.py checks compose.yaml and the image's command"
 _BY_HAND = "mutation testing runs by hand or on a schedule (about 40 minutes), never in CI"
 
@@ -156,6 +160,7 @@ NOT_RUNNABLE_HERE: dict[str, str] = {
     "pip install -e '.[dev,mutation]'": _BY_HAND,
     "bash tests/mutation/run.sh": _BY_HAND,
     "bash tests/mutation/run.sh tokens": _BY_HAND,
+    "dbos-argus --db-url postgresql://argus:<>@<>:5432/<> --host 127.0.0.1 --port 8090": _NEEDS_PYTHON_312,
     "python -m tests.screenshots": "renews the pictures in docs/console/ (it writes into the repository): run by hand",
 }
 

@@ -84,7 +84,10 @@ def refund_page(
         return pages.message(request, state, session, "Not found", f"There is no refund {refund_id}.", 404)
     # Only the actions the refund's state allows are offered; the others say why not.
     offered = {a: actions.refusal(svc.client, refund_id, a) for a in ADMIN_ACTIONS} if session.may("admin") else {}
-    return pages.render(request, state, session, "refund.html", r=detail, notice=DONE.get(done or ""), actions=offered)
+    links = {run["workflow_id"]: svc.settings.dbos_console_link(run["workflow_id"]) for run in detail["executions"]}
+    return pages.render(
+        request, state, session, "refund.html", r=detail, notice=DONE.get(done or ""), actions=offered, dbos_links=links
+    )
 
 
 @router.post("/refunds/{refund_id}/decision")
