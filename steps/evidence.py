@@ -4,7 +4,8 @@ The carrier's tracking (EasyPost-shaped), the warehouse's returns (RMA), the pay
 (Stripe's early fraud warnings and disputes on the charge) and the customer's earlier tickets
 (Zendesk-shaped). The agent's tools call these steps only when a claim needs them; what they return is
 checkpointed, and policy judges the refund on those checkpointed records, never on the model's summary.
-The records are pickled into DBOS checkpoints: never rename them or their fields.
+The records are stored in DBOS checkpoints as JSON naming their class (agent/ops/checkpoints.py): never rename
+them or their fields.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Plain data that steps read and return (pickled into DBOS checkpoints: never rename these)."""
+"""Plain data that steps read and return (stored in DBOS checkpoints as JSON naming each class: never rename these)."""
 
 from __future__ import annotations
 
@@ -111,8 +111,9 @@ class Record(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     def __setstate__(self, state: dict[Any, Any]) -> None:
-        # Records are pickled into DBOS checkpoints: one pickled by a release before an optional field existed
-        # lacks it, so it gets the field's default (a field without a default is never added to a record).
+        # Releases before JSON checkpoints pickled records (read once, when the migration rewrites them as JSON): one
+        # pickled before an optional field existed lacks it, so it gets the field's default (JSON gets defaults from
+        # validation). A field without a default is never added to a record.
         fields = state.get("__dict__")
         if isinstance(fields, dict):
             for name, info in type(self).model_fields.items():

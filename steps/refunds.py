@@ -49,8 +49,8 @@ class RegisteredRequest(BaseModel):
 
 
 class PaymentPlan(Record):
-    """What paying needs, read under the order's lock: pickled into checkpoints (a Record: fields added since
-    unpickle with their defaults)."""
+    """What paying needs, read under the order's lock: checkpointed as JSON (a Record: fields added since are read
+    with their defaults, from JSON and from checkpoints an older release pickled)."""
 
     snapshot: OrderSnapshot | None
     first_attempt_at: datetime

@@ -21,15 +21,16 @@ from agent import approvals
 from agent.approval_workflows import decide_here
 from agent.approvals import family, settle_id
 from agent.ops.checkpoint_store import secure_checkpoints
-from agent.ops.checkpoints import NAME, PICKLE, SERIALIZER, CheckpointError, legacy_loads
+from agent.ops.checkpoints import NAME, PICKLE, SERIALIZER, CheckpointError, RecordedError, legacy_loads
 from agent.ops.processes import wait_for
 from agent.status import wait_for_outcome
 from steps.payments import PaymentRefused
-from steps.records import Order, OrderSnapshot
+from steps.records import AuditEntry, Order, OrderSnapshot
 from steps.refunds import PaymentPlan
 from steps.store import create_engine
 from tests.conftest import Env
 from tests.identities import DANA
+from tests.test_upgrade import as_the_pickling_release_left_it
 from tests.test_workflow import parked, running, submit
 
 
@@ -159,7 +160,7 @@ def test_a_pickle_planted_while_stopped_is_relabelled_by_the_next_start_and_neve
     with running(env) as client:
         refund_id = submit(client, "json-checkpoints-3", "ord_1001", "The mouse stopped working.")
         assert wait_for_outcome(client, refund_id)["status"] == "completed"
-    _drop_guard(env)  # as if written before this release, or by someone who removed the guard
+    as_the_pickling_release_left_it(env)  # as if written before this release, or by someone who removed the guard
     sql = "UPDATE {dbos}operation_outputs SET output = :out, serialization = :s WHERE workflow_uuid = :w"
     execute(env, sql, out=planted(marker), s=PICKLE, w=refund_id)
 
@@ -174,15 +175,6 @@ def test_a_pickle_planted_while_stopped_is_relabelled_by_the_next_start_and_neve
         shown = client.list_workflow_steps(refund_id)[0]["output"]
         assert shown == planted(marker)  # shown as the text it is: DBOS never unpickled it
     assert not marker.exists()
-
-
-def _drop_guard(env: Env) -> None:
-    if env.backend == "sqlite":
-        for table in ("workflow_status", "operation_outputs", "notifications", "workflow_events"):
-            for event in ("insert", "update"):
-                execute(env, f"DROP TRIGGER IF EXISTS refund_agent_no_pickle_{table}_{event}")
-    else:
-        execute(env, "DROP FUNCTION IF EXISTS dbos.refund_agent_no_pickle() CASCADE")
 
 
 def test_records_pickled_by_the_previous_release_read_back_as_the_same_records() -> None:
@@ -218,9 +210,10 @@ def test_records_pickled_by_the_previous_release_read_back_as_the_same_records()
     [
         pickle.dumps(eval),
         b"\x80\x04\x8c\x13agent.ops.processes\x8c\x10subprocess.Popen\x93.",
+        pickle.dumps(SystemExit(3)),
         pickle.dumps(PaymentPlan),  # a trusted module's class is fine ...
     ],
-    ids=["builtin eval", "dotted name through a trusted module", "a trusted record class"],
+    ids=["builtin eval", "dotted name through a trusted module", "an exit", "a trusted record class"],
 )
 def test_the_old_format_reader_builds_only_trusted_types(payload: bytes) -> None:
     text = base64.b64encode(payload).decode()
@@ -234,3 +227,25 @@ def test_the_old_format_reader_builds_only_trusted_types(payload: bytes) -> None
 def test_a_value_of_an_unknown_type_is_an_error_when_checkpointed_not_a_pickle() -> None:
     with pytest.raises(TypeError, match="cannot checkpoint"):
         SERIALIZER.serialize({"when": object()})
+
+
+def test_a_record_whose_loose_field_holds_a_decimal_reads_back_exactly() -> None:
+    at = datetime(2026, 3, 1, tzinfo=UTC)
+    entry = AuditEntry(
+        seq=1, refund_id="r-1", event="e", payload={"amount": Decimal("1.50")}, created_at=at, prev_hash="", hash="h"
+    )
+    back = SERIALIZER.deserialize(SERIALIZER.serialize(entry))
+    assert back == entry and type(back.payload["amount"]) is Decimal  # not the string "1.50"
+    plain = entry.model_copy(update={"payload": {"n": 1}})
+    assert json.loads(SERIALIZER.serialize(plain))["value"]["payload"] == {"n": 1}  # readable when nothing is lost
+
+
+def test_an_error_checkpoint_naming_an_untrusted_class_or_an_exit_reads_as_a_plain_recorded_error() -> None:
+    for name in ("builtins:SystemExit", "os:error", "subprocess:CalledProcessError"):
+        stored = json.dumps({"$t": "error", "type": name, "message": "boom", "args": [3], "attrs": {}})
+        back = SERIALIZER.deserialize(stored)
+        assert type(back) is RecordedError and str(back) == f"{name}: boom"
+    stored = json.dumps(
+        {"$t": "error", "type": "steps.payments:PaymentRefused", "message": "no", "args": ["no"], "attrs": {}}
+    )
+    assert type(SERIALIZER.deserialize(stored)) is PaymentRefused  # the project's own errors come back as themselves

@@ -53,6 +53,9 @@ def test_dbos_cli_lists_gets_and_shows_the_steps_of_a_refund(env: Env, client: D
     steps = dbos(env, tmp_path, "steps", refund_id)
     names = [s["function_name"] for s in steps]
     assert names.index("refunds.record_verdict_and_reserve") < names.index("payments.issue_refund")
+    # DBOS's CLI has no serializer of ours: it shows each output as the JSON text stored, the case file readable.
+    case = json.loads(next(s["output"] for s in steps if s["function_name"] == "orders.review_case"))
+    assert case["type"] == "steps.records:CaseFile" and case["value"]["snapshot"]["order"]["order_id"] == "ord_1001"
 
 
 def test_dbos_cli_shows_a_parked_refunds_timers_then_cancels_and_resumes_its_continuation(

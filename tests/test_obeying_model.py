@@ -11,6 +11,7 @@ nothing above the requested amount was paid or auto-approved, whatever the model
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import pickle
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from pydantic_ai.models import override_allow_model_requests
 from agent import approvals, policy, runtime, workflow
 from agent.approval_workflows import decide_here
 from agent.domain import RefundRequest
+from agent.ops.checkpoints import SERIALIZER
 from agent.ops.processes import wait_for
 from agent.status import parked, wait_for_outcome
 from agent.submit import submit_refund
@@ -221,12 +223,14 @@ def reserve_before_the_bound(*args: Any, **kwargs: Any) -> PaymentPlan:
 RESERVE = refunds_steps._reserve
 
 
-def test_a_payment_plan_checkpointed_before_it_carried_the_request_unpickles_without_a_bound() -> None:
+def test_a_payment_plan_checkpointed_before_it_carried_the_request_reads_back_without_a_bound() -> None:
     plan = plan_before_the_bound(snapshot=None, first_attempt_at=datetime(2026, 11, 1, tzinfo=UTC), refusal="gone")
-    old = pickle.loads(pickle.dumps(plan))  # noqa: S301 (our own bytes, as DBOS reads its checkpoints)
+    pickled = base64.b64encode(pickle.dumps(plan)).decode()  # as DBOS's default serializer wrote it
+    old = SERIALIZER.deserialize(pickled)  # as the migration to JSON checkpoints reads it
     assert (old.requested, old.refusal) == (None, "gone")
+    assert SERIALIZER.deserialize(SERIALIZER.serialize(old)).requested is None  # and as JSON from then on
     now = PaymentPlan(snapshot=None, first_attempt_at=plan.first_attempt_at, requested=Decimal("1.00"))
-    assert pickle.loads(pickle.dumps(now)).requested == Decimal("1.00")  # noqa: S301
+    assert SERIALIZER.deserialize(SERIALIZER.serialize(now)).requested == Decimal("1.00")
 
 
 def test_an_approval_for_more_than_was_asked_is_refused_by_the_recheck_before_paying(env: Env) -> None:

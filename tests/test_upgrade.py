@@ -10,6 +10,10 @@ it for the first time on B: the patch answers True and the new step runs). A and
 A parked refund holds no workflow at all: its deadline, its decision and its continuation are
 enqueued without a version and run on whatever release is deployed, so a refund parked on version A
 is approved and paid by version B with no worker of A left.
+
+The release before checkpoints were JSON pickled them: that release is a copy of this tree with DBOS's default
+serializer and no conversion; refunds it parked are paid by this release, which rewrote their pickled rows as
+JSON when it started.
 """
 
 from __future__ import annotations
@@ -23,14 +27,18 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
+from dbos import DBOSClient
 
 from agent import approvals
 from agent.approvals import deadline_id, family, settle_id
 from agent.domain import RefundRequest
 from agent.ops import heartbeat
+from agent.ops.checkpoints import NAME, PICKLE
 from agent.ops.processes import wait_for
 from agent.status import parked
 from agent.submit import submit_refund
+from steps.store import create_engine
 from tests.conftest import Env
 from tests.identities import DANA, HELPDESK
 from tests.scale_cluster import Cluster
@@ -190,4 +198,81 @@ def test_a_refund_parked_under_version_a_is_paid_once_by_a_worker_of_version_b(e
         approvals.decide_pending(decider, refund_id=refund_id, decision="approve", approver=DANA, via="console")
     final = cluster.wait_done([settle_id(r) for r in waiting])
     assert {(w.status, w.executor_id, w.app_version) for w in final.values()} == {("SUCCESS", "release-b", "B")}
+    assert_paid_once_each(env, cluster, dict.fromkeys(waiting, "ord_1002"))
+
+
+CONFIGURED = '        "serializer": SERIALIZER,  # checkpoints as JSON, never pickle (agent/ops/checkpoints.py)\n'
+CLIENT_SERIALIZER = ", serializer=SERIALIZER)"
+CONVERTS = "        secure_checkpoints(engine)\n"
+
+
+def build_pickling_release(root: Path) -> Path:
+    """A copy of this tree as the release before JSON checkpoints: DBOS's default serializer (pickle), no conversion."""
+    for package in ("agent", "steps", "sandbox"):
+        shutil.copytree(SOURCE / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
+    runtime = root / "agent" / "runtime.py"
+    code = runtime.read_text()
+    assert CONFIGURED in code and CLIENT_SERIALIZER in code and CONVERTS in code, "update the upgrade test's anchors"
+    code = code.replace(CONFIGURED, "").replace(CLIENT_SERIALIZER, ")").replace(CONVERTS, "        pass\n")
+    runtime.write_text(code)
+    return root
+
+
+def serializations(env: Env) -> set[str | None]:
+    """Every label DBOS's rows carry (workflows, steps, messages), read with plain SQL."""
+    engine = create_engine(env.dbs.system_url)
+    prefix = "" if env.backend == "sqlite" else "dbos."
+    try:
+        with engine.connect() as conn:
+            return {
+                label
+                for table in ("workflow_status", "operation_outputs", "notifications")
+                for (label,) in conn.execute(sa.text(f"SELECT DISTINCT serialization FROM {prefix}{table}"))  # noqa: S608
+            }
+    finally:
+        engine.dispose()
+
+
+def as_the_pickling_release_left_it(env: Env) -> None:
+    """The system database without this release's relabelling trigger (the test's cluster migrated it first)."""
+    engine = create_engine(env.dbs.system_url)
+    try:
+        with engine.begin() as conn:
+            if env.backend == "sqlite":
+                names = conn.execute(sa.text("SELECT name FROM sqlite_master WHERE type = 'trigger'")).scalars()
+                for name in [n for n in names if n.startswith("refund_agent_no_pickle")]:
+                    conn.execute(sa.text(f"DROP TRIGGER {name}"))
+            else:
+                conn.execute(sa.text("DROP FUNCTION dbos.refund_agent_no_pickle() CASCADE"))
+    finally:
+        engine.dispose()
+
+
+def test_refunds_parked_by_the_pickling_release_are_paid_once_after_the_upgrade_to_json_checkpoints(
+    env: Env, cluster: Cluster, tmp_path: Path
+) -> None:
+    as_the_pickling_release_left_it(env)
+    start_release(cluster, "release-a", build_pickling_release(tmp_path / "pickling"))
+    pickling_client = DBOSClient(system_database_url=env.dbs.system_url)  # as that release's callers were
+    try:
+        waiting = [f"parked-pickled-{i}" for i in range(2)]
+        request = RefundRequest(order_id="ord_1002", message="Please refund 150.00", amount=Decimal("150.00"))
+        for refund_id in waiting:
+            submit_refund(pickling_client, idempotency_key=refund_id, requester=HELPDESK, request=request)
+        for refund_id in waiting:
+            wait_for(lambda r=refund_id: parked(pickling_client, r), timeout=120, what="parking")  # type: ignore[misc]
+    finally:
+        pickling_client.destroy()
+    cluster.procs["release-a"].send_signal(signal.SIGTERM)
+    assert wait_for(cluster.procs["release-a"].poll, timeout=60, what="the pickling release to stop") == 0
+    assert PICKLE in serializations(env)  # that release really wrote pickles
+
+    cluster.worker("release-b")  # this release: converts the pickled rows before DBOS launches
+    assert PICKLE not in serializations(env) and NAME in serializations(env)
+    decider = approvals.decider_via_queue(cluster.client)
+    for refund_id in waiting:
+        assert parked(cluster.client, refund_id) is not None  # readable through the JSON client
+        approvals.decide_pending(decider, refund_id=refund_id, decision="approve", approver=DANA, via="console")
+    final = cluster.wait_done([settle_id(r) for r in waiting])
+    assert {(w.status, w.executor_id) for w in final.values()} == {("SUCCESS", "release-b")}
     assert_paid_once_each(env, cluster, dict.fromkeys(waiting, "ord_1002"))

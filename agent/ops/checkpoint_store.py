@@ -56,13 +56,18 @@ class Converted:
 
 
 def secure_checkpoints(engine: sa.Engine, *, schema: str = "dbos") -> Converted:
-    """Rewrite pickled rows as JSON and install the relabelling trigger (idempotent; safe on every start)."""
+    """Rewrite pickled rows as JSON and install the relabelling trigger (idempotent; safe on every start).
+
+    Once the trigger is on every table no pickle label can have been written since, so later starts neither scan
+    the tables nor touch the trigger (which would lock DBOS's tables under running workers)."""
     sqlite = engine.dialect.name == "sqlite"
     prefix = "" if sqlite else f'"{schema}".'
     rewritten = refused = 0
     with engine.begin() as conn:
         if not sqlite:
             conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _LOCK})
+        if _guarded(conn, sqlite, schema):
+            return Converted(0, 0)
         for table in TABLES:
             if table.labelled:
                 (_install_sqlite_guard if sqlite else _install_postgres_guard)(conn, prefix, table)
@@ -71,6 +76,20 @@ def secure_checkpoints(engine: sa.Engine, *, schema: str = "dbos") -> Converted:
     if rewritten or refused:
         log.warning("checkpoints: %d pickled rows rewritten as JSON, %d refused (left unreadable)", rewritten, refused)
     return Converted(rewritten, refused)
+
+
+def _guarded(conn: sa.Connection, sqlite: bool, schema: str) -> bool:
+    """Whether every table that carries a label has the relabelling trigger."""
+    labelled = [t.name for t in TABLES if t.labelled]
+    if sqlite:
+        query = "SELECT count(*) FROM sqlite_master WHERE type = 'trigger' AND name LIKE :like"
+        found = conn.execute(sa.text(query), {"like": f"{_GUARD}_%"}).scalar_one()
+        return bool(found == 2 * len(labelled))
+    query = (
+        "SELECT count(*) FROM pg_trigger t JOIN pg_class c ON t.tgrelid = c.oid "
+        "JOIN pg_namespace n ON c.relnamespace = n.oid WHERE n.nspname = :schema AND t.tgname = :name"
+    )
+    return bool(conn.execute(sa.text(query), {"schema": schema, "name": _GUARD}).scalar_one() == len(labelled))
 
 
 def _rewrite(conn: sa.Connection, prefix: str, table: Table) -> tuple[int, int]:

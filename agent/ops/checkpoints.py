@@ -81,7 +81,7 @@ def _trusted_class(name: str) -> type:
     found = getattr(importlib.import_module(module), qualname, None)
     if not isinstance(found, type) or found.__module__ != module:
         raise CheckpointError(f"checkpoint names {name!r}, which is not a class defined there")
-    if module == "builtins" and not issubclass(found, BaseException):
+    if module == "builtins" and not issubclass(found, Exception):  # not SystemExit, KeyboardInterrupt, ...
         raise CheckpointError(f"checkpoint names the builtin {name!r}, which is not an exception")
     return found
 
@@ -126,10 +126,24 @@ def _encode(value: Any) -> Any:
     if isinstance(value, enum.Enum):
         return {TAG: "enum", "type": _class_name(cls), "value": _encode(value.value)}
     if isinstance(value, BaseModel):
-        return {TAG: "model", "type": _class_name(cls), "value": value.model_dump(mode="json", round_trip=True)}
+        return _readable_or_exact("model", value, value.model_dump(mode="json", round_trip=True))
     if dataclasses.is_dataclass(value):
-        return {TAG: "dataclass", "type": _class_name(cls), "value": TypeAdapter(cls).dump_python(value, mode="json")}
+        return _readable_or_exact("dataclass", value, TypeAdapter(cls).dump_python(value, mode="json"))
     raise TypeError(f"cannot checkpoint a {_class_name(cls)}: not a record, dataclass or plain value")
+
+
+def _readable_or_exact(tag: str, value: Any, readable: Any) -> dict[str, Any]:
+    """A record as its JSON fields when they read back as the same record; else (a field typed ``Any`` holding a
+    Decimal, say) each field tagged, so a replay sees exactly what the step returned."""
+    encoded = {TAG: tag, "type": _class_name(type(value)), "value": readable}
+    if _decode(encoded) == value:
+        return encoded
+    fields = (
+        value.__dict__
+        if isinstance(value, BaseModel)
+        else {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    )
+    return {TAG: tag, "type": _class_name(type(value)), "fields": {k: _encode(v) for k, v in fields.items()}}
 
 
 def _encode_exception(error: BaseException) -> dict[str, Any]:
@@ -169,10 +183,11 @@ def _decode(value: Any) -> Any:
     cls = _trusted_class(value["type"])
     if tag == "enum" and issubclass(cls, enum.Enum):
         return cls(_decode(value["value"]))
+    fields = value["value"] if "value" in value else {k: _decode(v) for k, v in value["fields"].items()}
     if tag == "model" and issubclass(cls, BaseModel):
-        return cls.model_validate(value["value"])
+        return cls.model_validate(fields)
     if tag == "dataclass" and dataclasses.is_dataclass(cls):
-        return TypeAdapter(cls).validate_python(value["value"])
+        return TypeAdapter(cls).validate_python(fields)
     raise CheckpointError(f"checkpoint tag {tag!r} does not fit {value['type']!r}")
 
 
