@@ -4,6 +4,7 @@ refused, never run (a planted payload that would write a marker file leaves no f
 
 from __future__ import annotations
 
+import ast
 import base64
 import json
 import os
@@ -249,3 +250,23 @@ def test_an_error_checkpoint_naming_an_untrusted_class_or_an_exit_reads_as_a_pla
         {"$t": "error", "type": "steps.payments:PaymentRefused", "message": "no", "args": ["no"], "attrs": {}}
     )
     assert type(SERIALIZER.deserialize(stored)) is PaymentRefused  # the project's own errors come back as themselves
+
+
+#: DBOSClients built without this project's serializer on purpose: file -> why.
+PICKLING_CLIENTS = {"tests/test_upgrade.py": "the release before JSON checkpoints, as its callers were"}
+
+
+def test_every_dbos_client_in_the_repository_reads_and_writes_json_checkpoints() -> None:
+    root = Path(__file__).resolve().parents[1]
+    missing = []
+    for folder in ("agent", "steps", "sandbox", "proving", "benchmarks", "tests"):
+        for path in (root / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if (
+                    isinstance(node, ast.Call)
+                    and getattr(node.func, "id", getattr(node.func, "attr", "")) == "DBOSClient"
+                ):
+                    where = str(path.relative_to(root))
+                    if "serializer" not in {k.arg for k in node.keywords} and where not in PICKLING_CLIENTS:
+                        missing.append(f"{where}:{node.lineno}")
+    assert missing == [], f"DBOSClient without serializer=SERIALIZER (agent/ops/checkpoints.py): {missing}"
