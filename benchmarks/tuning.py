@@ -81,6 +81,12 @@ def knobs() -> list[Knob]:
             "sequential",
             Arm("tagged JSON (product)"),
             Arm("pickle (DBOS default)", config={"serializer": harness.drop_key()}),
+        ),
+        Knob(
+            "serializer, portable",
+            "postgres",
+            "sequential",
+            Arm("tagged JSON (product)"),
             Arm("portable JSON", config={"serializer": DBOSPortableJSONSerializer()}),
         ),
         Knob(
