@@ -24,6 +24,7 @@ from pydantic_ai.exceptions import (
     ModelRequestTimeout,
     ModelServerError,
     ModelUnavailableError,
+    RunCancelled,
     UsageLimitExceeded,
 )
 from pydantic_ai.settings import ModelSettings
@@ -104,7 +105,9 @@ async def retry_model_request(error: BaseException) -> bool:
 
 def from_the_model(error: BaseException) -> bool:
     """Whether the agent's run failed at the model (its provider, its answers, its limits) rather than elsewhere:
-    these refunds go to a person instead of failing."""
+    these refunds go to a person instead of failing. A cancelled run is not the model's failure."""
+    if isinstance(error, RunCancelled):
+        return False
     return isinstance(error, (AgentRunError, FallbackExceptionGroup, TimeoutError)) or bool(_attempt_errors(error))
 
 

@@ -6,12 +6,21 @@ from __future__ import annotations
 from contextlib import ExitStack
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
+from pydantic_ai.exceptions import (
+    FallbackExceptionGroup,
+    ModelConnectionError,
+    ModelHTTPError,
+    RunCancelled,
+    UnexpectedModelBehavior,
+)
 from pydantic_ai.models import override_allow_model_requests
 
 from agent import runtime
 from agent.approvals import pending_request
 from agent.domain import RefundRequest
+from agent.model_calls import from_the_model, transient
 from agent.submit import submit_refund
 from sandbox.model import FakeOpenAIServer, Fault, ScriptedModel
 from steps.seed import seed
@@ -21,6 +30,33 @@ from tests.identities import HELPDESK
 
 #: Fast retries, so a test waits tenths of a second between attempts rather than seconds.
 QUICK = {"refund_agent_model_attempts": 3, "refund_agent_model_retry_interval_seconds": 0.05}
+
+
+@pytest.mark.parametrize(
+    ("error", "retried"),
+    [
+        (ModelHTTPError(500, "m"), True),
+        (ModelHTTPError(503, "m"), True),
+        (ModelHTTPError(429, "m"), True),
+        (ModelHTTPError(408, "m"), True),
+        (ModelConnectionError("m", "connection reset"), True),
+        (TimeoutError(), True),
+        (ModelHTTPError(400, "m"), False),
+        (ModelHTTPError(401, "m"), False),
+        (ModelHTTPError(404, "m"), False),
+        (UnexpectedModelBehavior("no valid answer"), False),
+        (FallbackExceptionGroup("all failed", [ModelHTTPError(401, "a"), ModelHTTPError(502, "b")]), True),
+        (FallbackExceptionGroup("all failed", [ModelHTTPError(401, "a"), ModelHTTPError(400, "b")]), False),
+    ],
+)
+def test_only_transient_model_errors_are_retried(error: Exception, retried: bool) -> None:
+    assert transient(error) is retried
+    assert from_the_model(error)  # retried or not, the refund goes to a person when it is the model's failure
+
+
+def test_a_cancelled_run_or_a_bug_is_not_the_models_failure() -> None:
+    assert not from_the_model(RunCancelled("cancelled"))
+    assert not from_the_model(KeyError("case"))
 
 
 def decide(
