@@ -65,10 +65,11 @@ def decide(
     key: str,
     *,
     fallback: ScriptedModel | None = None,
+    order_id: str = "ord_1001",
     message: str = "The mouse stopped working.",
     **overrides: Any,
 ) -> dict[str, Any]:
-    """Run one refund for ord_1001 against ``model`` (and ``fallback``) served over HTTP; its outcome and records."""
+    """Run one refund of ``order_id`` against ``model`` (and ``fallback``) over HTTP; its outcome and records."""
     with ExitStack() as stack:
         llm = stack.enter_context(FakeOpenAIServer(model))
         values: dict[str, Any] = {
@@ -84,7 +85,7 @@ def decide(
         client = runtime.client(rt.settings)
         try:
             seed(app_db().engine)
-            request = RefundRequest(order_id="ord_1001", message=message)
+            request = RefundRequest(order_id=order_id, message=message)
             submit_refund(client, idempotency_key=key, requester=HELPDESK, request=request, app_version="0.1.0")
             outcome: dict[str, Any] = client.retrieve_workflow(key).get_result(polling_interval_sec=0.1)
             outcome["model_label"] = rt.model_label
@@ -140,6 +141,15 @@ def test_a_model_that_stays_down_sends_the_refund_to_a_person_with_the_reason(en
     assert "the model was unavailable: ModelServerError (HTTP 500) after 3 attempts" in reason
     assert (outcome["approval_request"]["amount"], outcome["approval_request"]["currency"]) == ("42.00", "USD")
     assert any("A member of our team needs to confirm it" in body for body in outcome["customer_told"])
+    assert env.sandbox.refunds() == []
+
+
+def test_a_refund_policy_refuses_on_the_orders_facts_is_refused_while_the_model_is_down(env: Env) -> None:
+    """ord_1004's charge is disputed: nothing is refundable whatever the model would say, so no person is asked."""
+    down = ScriptedModel(broken=True)
+    outcome = decide(env, down, "outage-disputed", order_id="ord_1004")
+    assert outcome["status"] == "rejected", outcome
+    assert outcome["row_status"] == "rejected" and outcome["approval_request"] is None
     assert env.sandbox.refunds() == []
 
 
