@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from dbos import DBOS, WorkflowHandle
 from pydantic_ai.exceptions import (
     FallbackExceptionGroup,
     ModelConnectionError,
@@ -17,7 +18,7 @@ from pydantic_ai.exceptions import (
 )
 from pydantic_ai.models import override_allow_model_requests
 
-from agent import runtime
+from agent import model_calls, runtime
 from agent.approvals import pending_request
 from agent.domain import RefundRequest
 from agent.model_calls import from_the_model, transient
@@ -180,3 +181,31 @@ def test_a_refund_past_its_model_usage_limit_goes_to_a_person(env: Env) -> None:
     assert model.requests["ord_1001"] == 1
     assert "the model reached this refund's usage limit" in outcome["approval_request"]["reason"]
     assert env.sandbox.refunds() == []
+
+
+def test_a_refund_a_release_without_the_person_path_failed_replays_as_it_was_recorded(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refund that a release without this path ended FAILED (the model down) meets the same steps again when it
+    is replayed (the patch is not taken), instead of failing on an approval step it never recorded."""
+    with FakeOpenAIServer(ScriptedModel(broken=True)) as llm, override_allow_model_requests(True):
+        rt = runtime.start(env.settings(**QUICK, refund_agent_model="down", refund_agent_model_base_url=llm.base_url))
+        client = runtime.client(rt.settings)
+        try:
+            seed(app_db().engine)
+            monkeypatch.setattr(model_calls, "from_the_model", lambda _error: False)  # the release before
+            request = RefundRequest(order_id="ord_1001", message="The mouse stopped working.")
+            submit_refund(client, idempotency_key="outage-old-release", requester=HELPDESK, request=request)
+            handle: WorkflowHandle[dict[str, Any]] = client.retrieve_workflow("outage-old-release")
+            recorded_run: dict[str, Any] = handle.get_result(polling_interval_sec=0.1)
+            assert recorded_run["status"] == "failed"
+            monkeypatch.undo()  # this release, replaying every step the old one recorded
+            steps = [s["function_name"] for s in client.list_workflow_steps("outage-old-release")]
+            replay = DBOS.fork_workflow("outage-old-release", start_step=len(steps) + 1)
+            assert replay.get_result() == recorded_run
+            replayed = [s["function_name"] for s in client.list_workflow_steps(replay.get_workflow_id())]
+            assert pending_request("outage-old-release") is None
+        finally:
+            client.destroy()
+            runtime.stop()
+    assert replayed == steps and "refunds.record_outcome" in steps
