@@ -21,6 +21,7 @@ from pydantic_ai.models import Model
 
 from agent import policy
 from agent.domain import RefundProposal, RefundRequest
+from agent.model_calls import ModelCalls
 from agent.ops.offloop import call
 from steps.evidence import (
     Evidence,
@@ -213,8 +214,17 @@ EVIDENCE_TOOLS: FunctionToolset[AgentDeps] = FunctionToolset(
 )
 
 
-def build_agent(model: Model | str, *, models: dict[str, Model] | None = None) -> Agent[AgentDeps, RefundProposal]:
-    """Build the agent. Call before ``DBOS.launch()`` so its durable steps are registered for recovery."""
+def build_agent(
+    model: Model | str, *, models: dict[str, Model] | None = None, calls: ModelCalls | None = None
+) -> Agent[AgentDeps, RefundProposal]:
+    """Build the agent. Call before ``DBOS.launch()`` so its durable steps are registered for recovery.
+
+    ``calls``: how each model request step retries transient failures and how long one attempt may take
+    (agent/model_calls.py); the step's name does not depend on it."""
+    calls = calls or ModelCalls()
+    durability = DBOSDurability(
+        models=models, parallel_execution_mode="sequential", model_step_config=calls.step_config()
+    )
     return Agent(
         model,
         name=AGENT_NAME,
@@ -222,7 +232,8 @@ def build_agent(model: Model | str, *, models: dict[str, Model] | None = None) -
         output_type=RefundProposal,
         instructions=_instructions,
         toolsets=[EVIDENCE_TOOLS],
-        capabilities=[DBOSDurability(models=models, parallel_execution_mode="sequential")],
+        model_settings=calls.model_settings(),
+        capabilities=[durability],
     )
 
 

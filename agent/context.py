@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic_ai import Agent
+from pydantic_ai.usage import UsageLimits
 
 from agent.approvals import ApprovalSettings
 from agent.ops import heartbeat
@@ -24,6 +25,8 @@ class Runtime:
     model_label: str
     limits: Limits
     approvals: ApprovalSettings
+    usage_limits: UsageLimits | None = None
+    """What one refund may spend at the model (requests, tokens); past it the refund goes to a person."""
     lease: heartbeat.Lease | None = None
     heartbeat: heartbeat.Heartbeat | None = field(default=None, repr=False)
 

@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from dbos import DBOS, DBOSClient, DBOSConfig
+from pydantic import SecretStr
 from pydantic_ai import Agent
 from pydantic_ai.models import Model
 
@@ -18,6 +19,7 @@ from agent.approvals import APPROVAL_QUEUE, ApprovalSettings
 from agent.brain import build_agent
 from agent.context import Runtime, current, install, running
 from agent.identity import approver_names
+from agent.model_calls import ModelCalls
 from agent.ops import heartbeat
 from agent.ops.checkpoint_store import secure_checkpoints
 from agent.ops.checkpoints import SERIALIZER
@@ -49,27 +51,55 @@ REFUND_QUEUE = workflow.REFUND_QUEUE
 QUEUES = (REFUND_QUEUE, APPROVAL_QUEUE)  # a worker runs both; an API-only process neither
 
 
-_agents: dict[str, Agent[Any, Any]] = {}  # one per model per process: DBOS step names are global
+#: One per model (and retry policy) per process: DBOS step names are global.
+_agents: dict[tuple[str, ModelCalls], Agent[Any, Any]] = {}
 
 
 def select_model(settings: Settings) -> tuple[Model | str, str]:
-    """The configured model and the label it is shown with (logs, API, audit)."""
-    if settings.refund_agent_model_base_url:
+    """The configured model (with its fallback, if one is set) and the label it is shown with (logs, API, audit)."""
+    model, label = _model(settings.refund_agent_model, settings.refund_agent_model_base_url,
+                          settings.refund_agent_model_api_key)  # fmt: skip
+    if model is None:
+        from agent.offline import OFFLINE_MODEL_NAME, offline_model
+
+        model, label = offline_model(), OFFLINE_MODEL_NAME
+    if not (settings.refund_agent_model_fallback or settings.refund_agent_model_fallback_base_url):
+        return model, label
+    from pydantic_ai.models.fallback import FallbackModel
+
+    fallback, fallback_label = _model(settings.refund_agent_model_fallback,
+                                      settings.refund_agent_model_fallback_base_url,
+                                      settings.refund_agent_model_fallback_api_key)  # fmt: skip
+    assert fallback is not None
+    # Within one model request step: the first model, then the fallback on any provider error (the step retries
+    # both while the failure is transient).
+    return FallbackModel(model, fallback), f"{label} (fallback: {fallback_label})"
+
+
+def _model(name: str | None, base_url: str | None, key: SecretStr | None) -> tuple[Model | str | None, str]:
+    """A model string as given, or the named model of an OpenAI-compatible server; None when neither is set."""
+    if base_url:
+        from openai import AsyncOpenAI
         from pydantic_ai.models.openai import OpenAIChatModel
         from pydantic_ai.providers.openai import OpenAIProvider
 
-        key = settings.refund_agent_model_api_key
-        provider = OpenAIProvider(
-            base_url=settings.refund_agent_model_base_url,
-            api_key=key.get_secret_value() if key else "not-needed",
-        )
-        name = settings.refund_agent_model or "default"
-        return OpenAIChatModel(name, provider=provider), f"{name} at {settings.refund_agent_model_base_url}"
-    if settings.refund_agent_model:
-        return settings.refund_agent_model, settings.refund_agent_model
-    from agent.offline import OFFLINE_MODEL_NAME, offline_model
+        # No retries in the client: the model request step retries (agent/model_calls.py), one policy for all.
+        client = AsyncOpenAI(base_url=base_url, api_key=key.get_secret_value() if key else "not-needed", max_retries=0)
+        name = name or "default"
+        return OpenAIChatModel(name, provider=OpenAIProvider(openai_client=client)), f"{name} at {base_url}"
+    return name, name or ""
 
-    return offline_model(), OFFLINE_MODEL_NAME
+
+def model_calls(settings: Settings) -> ModelCalls:
+    """How model requests are retried, timed out and limited per refund."""
+    return ModelCalls(
+        attempts=settings.refund_agent_model_attempts,
+        interval_seconds=settings.refund_agent_model_retry_interval_seconds,
+        backoff_rate=settings.refund_agent_model_backoff_rate,
+        timeout_seconds=settings.refund_agent_model_timeout_seconds,
+        request_limit=settings.refund_agent_model_request_limit,
+        token_limit=settings.refund_agent_model_token_limit,
+    )
 
 
 EXIT_LEASE_LOST = 75  # EX_TEMPFAIL: another process owns our executor id now; the supervisor restarts us
@@ -163,7 +193,8 @@ def start(settings: Settings | None = None, *, worker: bool = True, migrate: boo
 
         Agent.instrument_all(InstrumentationSettings(include_content=False, include_binary_content=False))
     model, label = select_model(settings)
-    agent = _agents.get(label) or _agents.setdefault(label, build_agent(model))
+    calls = model_calls(settings)
+    agent = _agents.get((label, calls)) or _agents.setdefault((label, calls), build_agent(model, calls=calls))
     lease_engine = heartbeat.lease_engine(settings.app_database_url)
     lease = heartbeat.claim(
         lease_engine,
@@ -212,6 +243,7 @@ def start(settings: Settings | None = None, *, worker: bool = True, migrate: boo
         settings=settings,
         agent=agent,
         model_label=label,
+        usage_limits=calls.usage_limits(),
         limits=limits,
         approvals=approval_settings,
         lease=lease,

@@ -36,6 +36,7 @@ OWN_SECRETS = (
 ISSUED_KEYS = (
     "payments_api_key",
     "refund_agent_model_api_key",
+    "refund_agent_model_fallback_api_key",
     "slack_webhook_url",
     "dbos_conductor_key",
     "carrier_api_key",
@@ -93,6 +94,30 @@ class Settings(BaseSettings):
     refund_agent_model_api_key: SecretStr | None = None
     """API key of the OpenAI-compatible server at ``REFUND_AGENT_MODEL_BASE_URL``. Issued by that server, so any
     length is accepted; blank is refused."""
+    refund_agent_model_fallback: str | None = None
+    """A second model, tried within each attempt when the first fails at its provider (a rate limit, a 5xx, a timeout,
+    a refused request): any Pydantic AI model string, or the model's name at
+    ``REFUND_AGENT_MODEL_FALLBACK_BASE_URL``. Unset: no fallback."""
+    refund_agent_model_fallback_base_url: str | None = None
+    """Base URL of the fallback's OpenAI-compatible server; its model name comes from REFUND_AGENT_MODEL_FALLBACK."""
+    refund_agent_model_fallback_api_key: SecretStr | None = None
+    """API key of the server at ``REFUND_AGENT_MODEL_FALLBACK_BASE_URL``. Blank is refused."""
+    refund_agent_model_attempts: int = Field(default=4, ge=1, le=10)
+    """Attempts at one model request (the first included) on rate limits, 5xx, timeouts and connection errors;
+    a refused request (a 4xx such as a wrong key) is not retried."""
+    refund_agent_model_retry_interval_seconds: float = Field(default=2.0, ge=0)
+    """The wait before the first retry of a model request; each later one waits
+    ``REFUND_AGENT_MODEL_BACKOFF_RATE`` times longer. A rate limit's ``Retry-After`` (up to 60 s) is waited first."""
+    refund_agent_model_backoff_rate: float = Field(default=2.0, ge=1)
+    """How much longer each retry of a model request waits than the one before."""
+    refund_agent_model_timeout_seconds: float = Field(default=60.0, gt=0)
+    """How long one attempt at a model request may take before it counts as a timeout (and is retried)."""
+    refund_agent_model_request_limit: int = Field(default=8, ge=1)
+    """Model requests one refund may make (a plain claim makes one, a claim that needs evidence two). Past it the
+    refund goes to a person."""
+    refund_agent_model_token_limit: int | None = Field(default=None, ge=1)
+    """Input plus output tokens one refund may spend at the model; past it the refund goes to a person. Unset: no
+    limit."""
     refund_agent_model_prices: dict[str, ModelPrice] = Field(default_factory=dict)
     """Per model (as labelled in the refund's record), what tokens cost, e.g.
     ``{"openai:gpt-5.2": {"input_per_million": "1.25", "output_per_million": "10.00"}}``. Unset: no cost shown."""

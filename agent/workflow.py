@@ -16,7 +16,7 @@ from typing import Any
 from dbos import DBOS
 from pydantic_ai.usage import RunUsage
 
-from agent import approvals, policy, replies
+from agent import approvals, model_calls, policy, replies
 from agent.approval_workflows import start_timers
 from agent.brain import AgentDeps, prompt_for
 from agent.claims import evidence_lines
@@ -55,6 +55,8 @@ REFUND_QUEUE = "refunds"  # durable: enqueued refunds name it
 REQUEST_BOUND_PATCH = "request-bound"
 #: Durable: the patch recorded by refunds whose verdict the claim's evidence or the customer's recent refunds changed.
 EVIDENCE_PATCH = "evidence-rules"
+#: Durable: the patch recorded by refunds the model could not decide that went to a person instead of failing.
+MODEL_OUTAGE_PATCH = "model-outage-to-person"
 #: How long a continuation waits for the decision its decision workflow sends right after starting it.
 HANDOVER_TIMEOUT_SECONDS = 30.0
 
@@ -68,8 +70,11 @@ async def refund_workflow(refund_id: str, request: dict[str, Any]) -> dict[str, 
     deps = AgentDeps(refund_id, req, rt.limits, snapshot=case.snapshot)
     usage = RunUsage()
     try:
-        run = await rt.agent.run(prompt_for(refund_id, req, case, rt.limits), deps=deps, usage=usage)
+        prompt = prompt_for(refund_id, req, case, rt.limits)
+        run = await rt.agent.run(prompt, deps=deps, usage=usage, usage_limits=rt.usage_limits)
     except Exception as error:  # the model failed or misbehaved through its retries: nothing was paid
+        if model_calls.from_the_model(error) and await DBOS.patch_async(MODEL_OUTAGE_PATCH):
+            return await to_a_person(rt, refund_id, req, case.snapshot, model_calls.why_undecided(error), usage)
         return await undecided(rt, refund_id, error, usage)
     # Policy reads what the look-up steps returned (deps.evidence), never the model's account of it.
     claim = case_claim(run.output, deps, case, refund_id)
@@ -81,6 +86,40 @@ async def undecided(rt: Runtime, refund_id: str, error: Exception, usage: RunUsa
     log.error("refund %s: the agent could not decide: %s", refund_id, type(error).__name__)
     detail = f"the agent could not decide ({type(error).__name__}); fork the workflow to retry"
     return await finish(refund_id, Phase.FAILED, detail, reply=None, usage=usage_record(usage, rt.model_label))
+
+
+async def to_a_person(
+    rt: Runtime, refund_id: str, req: RefundRequest, snapshot: OrderSnapshot | None, why: str, usage: RunUsage
+) -> dict[str, Any]:
+    """The model could not decide (down through every retry, past the refund's usage limit, or its answers unusable):
+    a person decides on the order's facts instead, reading why; the customer is told it is being reviewed. Nothing is
+    paid without that person, and what policy refuses on the order's facts alone is refused as ever."""
+    log.error("refund %s: the model could not decide, sent to a person: %s", refund_id, why)
+    if snapshot is None:
+        detail = f"refuse: the order does not exist ({why})"
+        return await finish(refund_id, Phase.REJECTED, detail, reply=replies.refused(Decimal(0), req.currency or "USD",
+                            ["the order does not exist"]), usage=usage_record(usage, rt.model_label))  # fmt: skip
+    order = snapshot.order
+    refundable = policy.refundable(order, snapshot.as_of, rt.limits.window_days)
+    amount = min(req.amount, refundable) if req.amount is not None else refundable
+    reason = f"No proposal: {why}. The amount is what the customer asked for, at most what is refundable; decide it."
+    proposal = RefundProposal(
+        amount=amount, currency=order.currency, reason=reason, customer_reply="", category="other"
+    )
+    verdict = policy_verdict(proposal, snapshot, rt.limits, requested=req.amount)
+    record: dict[str, Any] = {
+        "proposal": proposal.model_dump(mode="json"),
+        "model": rt.model_label,
+        "usage": usage_record(usage, rt.model_label),
+    }
+    if verdict.kind == "refuse":  # the order's facts decide without the model
+        reply = replies.refused(verdict.amount, verdict.currency, verdict.reasons)
+        record["verdict"] = verdict.model_dump(mode="json")
+        await call(record_refusal_step, refund_id, **record, detail=verdict.summary, reply=reply)
+        return {"refund_id": refund_id, "status": Phase.REJECTED.value, "detail": verdict.summary}
+    verdict = verdict.model_copy(update={"kind": "needs_approval", "reasons": (why, *verdict.reasons)})
+    record["verdict"] = verdict.model_dump(mode="json")
+    return await park(rt, refund_id, verdict, proposal, record)
 
 
 async def act_on(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 import socket
 import threading
@@ -50,6 +51,16 @@ _INSTRUCTIONS = [
 ]
 
 
+@dataclass(frozen=True)
+class Fault:
+    """What one request gets instead of a prompt answer: an error ``status`` (with ``Retry-After`` seconds on a 429),
+    or, with ``status`` 200, the answer after ``delay_s`` (a client with a shorter timeout has given up by then)."""
+
+    status: int = 500
+    retry_after: float | None = None
+    delay_s: float = 0.0
+
+
 @dataclass
 class ScriptedModel:
     """``amount``: what to propose regardless of the order (e.g. a greedy model); None = refundable balance."""
@@ -58,7 +69,15 @@ class ScriptedModel:
     obey: bool = False
     """Obey the customer's message: propose what it says to, else the order's whole captured amount."""
     broken: bool = False
-    """Answer every request with a 500, like a model server that is down."""
+    """Answer every request with ``broken_status``, like a model server that is down."""
+    broken_status: int = 500
+    """What a broken server answers: 500 (down), 401 (a wrong key), ..."""
+    faults: list[Fault] = field(default_factory=list)
+    """What the first requests get, one fault each in order; the rest are answered. A request that comes back
+    before a 429's ``Retry-After`` has passed gets another 429 and is counted in ``requests["too_early"]``."""
+    arrived: int = 0
+    """Every request that reached the server, answered or not."""
+    limited_until: float = 0.0
     latency_s: float = 0.0
     """How long each answer takes, as a hosted model's round trip does."""
     requests: Counter[str] = field(default_factory=Counter)
@@ -66,6 +85,25 @@ class ScriptedModel:
 
     def total(self) -> int:
         return sum(self.requests.values())
+
+    def fault(self) -> Fault | None:
+        """The fault this request gets (counted in ``requests``: "broken", "too_early", "failed"), or None."""
+        with self.lock:
+            self.arrived += 1
+            if self.broken:
+                self.requests["broken"] += 1
+                return Fault(self.broken_status)
+            now = time.monotonic()
+            if now < self.limited_until:
+                self.requests["too_early"] += 1
+                return Fault(429, retry_after=self.limited_until - now)
+            if not self.faults:
+                return None
+            fault = self.faults.pop(0)
+            self.requests["failed"] += 1
+            if fault.retry_after is not None:
+                self.limited_until = now + fault.retry_after
+            return fault
 
     def answer(self, body: dict[str, Any]) -> dict[str, Any]:
         messages = body["messages"]
@@ -226,10 +264,13 @@ class FakeOpenAIServer:
         async def completions(request: Request) -> dict[str, Any] | JSONResponse:
             if self.model.latency_s:
                 await asyncio.sleep(self.model.latency_s)
-            if self.model.broken:
-                with self.model.lock:
-                    self.model.requests["broken"] += 1
-                return JSONResponse({"error": {"message": "model server down", "type": "server_error"}}, 500)
+            fault = self.model.fault()
+            if fault is not None and fault.delay_s:
+                await asyncio.sleep(fault.delay_s)
+            if fault is not None and fault.status != 200:
+                headers = {"Retry-After": str(math.ceil(fault.retry_after))} if fault.retry_after else None
+                error = {"message": f"scripted fault {fault.status}", "type": "server_error"}
+                return JSONResponse({"error": error}, fault.status, headers=headers)
             return self.model.answer(await request.json())
 
         self.port = _free_port()

@@ -114,14 +114,6 @@ def test_a_model_that_asks_for_more_than_the_cap_is_stopped_by_the_cap(env: Env)
     assert env.sandbox.refunds() == []
 
 
-def test_a_model_server_that_stays_down_fails_the_refund_without_paying(env: Env) -> None:
-    down = ScriptedModel(broken=True)
-    outcome, _ = run_refund(env, down, "ord_1001", "real-model-down")
-    assert outcome["status"] == "failed" and "could not decide" in outcome["detail"]
-    assert down.requests["broken"] >= 1
-    assert env.sandbox.refunds() == []
-
-
 def test_a_model_that_obeys_the_customer_is_held_to_the_requested_amount(env: Env) -> None:
     """The customer asked for 1.00 and told the model to propose the whole balance: a person is asked for 1.00."""
     obeying = ScriptedModel(obey=True)
