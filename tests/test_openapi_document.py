@@ -97,3 +97,12 @@ def test_operation_ids_are_the_endpoints_names(document: dict[str, Any]) -> None
     """What a generated client calls its functions (``create_refund``, not ``create_refund_refunds_post``)."""
     ids = {document["paths"][path][method]["operationId"] for method, path in KEYED}
     assert ids == {"create_refund", "list_refunds", "get_refund", "get_orders", "post_decision"}
+
+
+@pytest.mark.parametrize(
+    ("path", "statuses"), [("/slack/interactions", {"400", "401", "409"}), ("/webhooks/stripe", {"401"})]
+)
+def test_the_hooks_declare_their_refusals_as_problems(document: dict[str, Any], path: str, statuses: set[str]) -> None:
+    responses = document["paths"][path]["post"]["responses"]
+    assert statuses <= set(responses), sorted(responses)
+    assert all(responses[status]["content"] == {"application/problem+json": PROBLEM} for status in statuses)

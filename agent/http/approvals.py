@@ -282,7 +282,20 @@ def slack_approver(svc: Services, payload: dict[str, Any]) -> tuple[Principal, s
     return Principal("operator", operator), f"slack:{slack_id}"
 
 
-@router.post("/slack/interactions")
+@router.post(
+    "/slack/interactions",
+    responses=errors(
+        400,
+        401,
+        404,
+        409,
+        503,
+        e400="not a Slack block_actions payload, or an unknown action",
+        e401="Slack's signature missing, wrong or stale",
+        e404="Slack is not configured on this service",
+        e409="this Slack request was already processed (a replay)",
+    ),
+)
 async def slack_interactions(request: Request, svc: ServicesDep) -> JSONResponse:
     """Slack's Approve/Reject buttons: signature (v0, 5-minute window) checked, replays refused, and the clicking
     user must be on ``SLACK_APPROVERS``; the decision is recorded as their operator, by Slack id."""
