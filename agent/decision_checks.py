@@ -16,7 +16,7 @@ from typing import Literal
 from agent.domain import ApprovalRecord
 from agent.identity import Principal
 from steps.records import ApprovalRequest, format_money, minor_unit_problem, quantize
-from steps.refunds import approval_request, recorded_decision
+from steps.refunds import approval_request, recorded_decision, refund_requester
 from steps.store import app_db
 
 Decision = Literal["approve", "reject"]
@@ -90,18 +90,35 @@ def amount_refusal(
     return None
 
 
-def requester_refusal(request: ApprovalRequest, approver: Principal) -> str | None:
+def requester_refusal(
+    refund_id: str, approver: Principal, requested_by: str | None, requester_operator: str | None
+) -> str | None:
     """Why ``approver`` may not decide this refund because it asked for it, or None (separation of duties, per
     person: the principal that asked, the operator it acted for, and every client or OS user acting for that
     operator are one requester)."""
-    if request.requested_by is not None and str(approver) == request.requested_by:
-        return f"{approver} requested refund {request.refund_id}; the requester cannot decide it"
-    if is_requester(approver, request.requested_by, request.requester_operator):
+    if requested_by is not None and str(approver) == requested_by:
+        return f"{approver} requested refund {refund_id}; the requester cannot decide it"
+    if is_requester(approver, requested_by, requester_operator):
         acting = "" if approver.kind == "operator" else f" (acting for operator:{approver.person})"
         return (
-            f"{approver}{acting} is the person who requested refund {request.refund_id} "
-            f"(through {request.requested_by}); the requester cannot decide it"
+            f"{approver}{acting} is the person who requested refund {refund_id} "
+            f"(through {requested_by}); the requester cannot decide it"
         )
+    return None
+
+
+def decider_refusal(refund_id: str, approver: Principal, deciders: Collection[str] | None) -> ApprovalError | None:
+    """Why ``approver`` may not decide refund ``refund_id`` whatever the decision says, or None: it acts for an
+    operator who may not decide, the refund does not exist, or it requested the refund. The API checks this before
+    it reads the decision's body, so the requester hears 403 (and an unknown refund 404) whatever it sent."""
+    if refused := deciding_refusal(approver, deciders):
+        return ApprovalError("not_a_decider", refused)
+    with app_db().engine.connect() as conn:
+        requester = refund_requester(conn, refund_id)
+    if requester is None:
+        return ApprovalError("unknown", f"there is no refund {refund_id}")
+    if refused := requester_refusal(refund_id, approver, *requester):
+        return ApprovalError("requester", refused)
     return None
 
 
@@ -157,9 +174,12 @@ def check(
     with app_db().engine.connect() as conn:
         existing = recorded_decision(conn, refund_id)
         request = approval_request(conn, refund_id)
+        unknown = request is None and refund_requester(conn, refund_id) is None
+    if unknown:
+        raise ApprovalError("unknown", f"there is no refund {refund_id}")
     if request is None:
         raise ApprovalError("nothing_pending", f"refund {refund_id} is not waiting for an approval")
-    if refused := requester_refusal(request, approver):
+    if refused := requester_refusal(refund_id, approver, request.requested_by, request.requester_operator):
         raise ApprovalError("requester", refused)
     if existing is not None and existing.decision == "expired":
         raise ApprovalError("expired", f"the approval window for refund {refund_id} has closed", existing)

@@ -256,6 +256,14 @@ def open_approval_step(
     return request
 
 
+def refund_requester(conn: sa.Connection | Any, refund_id: str) -> tuple[str | None, str | None] | None:
+    """Who requested a refund (``requested_by``, ``requester_operator``); None when there is no such refund."""
+    row = conn.execute(
+        sa.select(refunds.c.requested_by, refunds.c.requester_operator).where(refunds.c.refund_id == refund_id)
+    ).first()
+    return None if row is None else (row.requested_by, row.requester_operator)
+
+
 def approval_request(conn: sa.Connection | Any, refund_id: str) -> ApprovalRequest | None:
     """The approval a refund waits on (or waited on), with who requested the refund."""
     row = conn.execute(

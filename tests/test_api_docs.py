@@ -86,6 +86,9 @@ def test_swagger_ui_renders_the_operations_with_no_network_outside(served_app: s
             expect(page.locator(".opblock-summary-path", has_text="/refunds/{refund_id}").first).to_be_visible(
                 timeout=30_000
             )
+            # The bearer key's scheme gives the page its Authorize button, and the keyed operations their locks.
+            expect(page.locator(".btn.authorize").first).to_be_visible()
+            expect(page.locator(".opblock .authorization__btn").first).to_be_visible()
             page.goto(f"{served_app}/redoc")
             expect(page.get_by_text("/refunds/{refund_id}").first).to_be_attached(timeout=30_000)
         finally:

@@ -116,6 +116,8 @@ RUN_ELSEWHERE: dict[str, Elsewhere] = {
     "refund-agent clients revoke approvals-bot": Elsewhere(
         "tests/test_identities.py", ('"clients", "revoke"',), "through Python, with another client's name"
     ),
+    "openapi-python-client generate --url http://localhost:8000/openapi.json --output-path refund_agent_client "
+    "--meta none": Elsewhere("tests/test_generated_client.py", why="against a live service's address, into tmp_path"),
     "dbos workflow list --status DELAYED --name approval_deadline_workflow": _DBOS_CLI,
     "dbos workflow get req-2026-0001/settle": _DBOS_CLI,
     "dbos workflow steps req-2026-0001/settle": _DBOS_CLI,

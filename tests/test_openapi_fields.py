@@ -135,6 +135,11 @@ def test_bodies_the_api_cannot_use_are_answered_in_plain_words(env: Env, tmp_pat
             "/refunds", json={"order_id": "ord_1001", "message": "x", "amount": "4x"}, headers=headers
         )
         assert amount.status_code == 422
-        assert amount.json()["detail"] == 'amount: amount must be a positive decimal string such as "42.50"'
-        decision = svc.http.post("/refunds/nope/approval", data={"decision": "approve"}, headers=svc.approver)
+        assert amount.json()["detail"] == (
+            'amount: amount must be a decimal string such as "42.50": digits, then optionally a point and decimals'
+        )
+        assert svc.submit("words-0000002", "ord_1001").status_code == 202
+        # Who decides which refund is settled first (an unknown refund is 404 whatever the body); then the body.
+        decision = svc.http.post("/refunds/words-0000002/approval", data={"decision": "approve"}, headers=svc.approver)
         assert decision.status_code == 415, decision.text
+        assert decision.json()["detail"] == "this endpoint takes a body of type application/json"

@@ -269,7 +269,8 @@ def test_the_document_states_the_input_rules_a_client_must_follow() -> None:
     post = document["paths"]["/refunds"]["post"]
     key = next(p for p in post["parameters"] if p["name"] == "Idempotency-Key")
     assert key["schema"]["pattern"] == r"^[A-Za-z0-9_.:-]{8,200}$" and "8-200" in key["description"]
+    assert key["required"] is True
     amount = document["components"]["schemas"]["RefundIn"]["properties"]["amount"]
     assert amount["examples"] == ["42.50"] and "decimal string" in amount["description"]
     assert {"type": "string"} in amount["anyOf"] and {"type": "number"} not in amount["anyOf"]
-    assert amount["pattern"] == r"^[0-9]{1,12}(\.[0-9]{1,2})?$"
+    assert amount["pattern"] == r"^[0-9]{1,12}(\.[0-9]{1,3})?$"  # 3: KWD's decimals; the order's currency decides

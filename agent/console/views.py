@@ -143,7 +143,8 @@ def decide(
         else:
             result = approvals.decide(svc.decider, via="console", **kwargs)
     except approvals.ApprovalError as error:
-        status = {"requester": 403, "authority": 403, "invalid": 400, "above_ask": 400}.get(error.code, 409)
+        codes = {"unknown": 404, "requester": 403, "authority": 403, "invalid": 400, "above_ask": 400}
+        status = codes.get(error.code, 409)
         return pages.message(request, state, session, "Not recorded", str(error), status)
     record = result.record
     if not result.first:  # decided before (by anyone, even the same way): nothing was recorded now

@@ -27,7 +27,9 @@ from slack_sdk.signature import SignatureVerifier
 from slack_sdk.webhook import WebhookClient
 
 from agent import approvals, tokens
+from agent.decision_checks import decider_refusal
 from agent.http.clients import principal_of, requiring
+from agent.http.openapi import GUARDED, errors
 from agent.http.problems import Problem
 from agent.http.views import DecisionView
 from agent.identity import Principal, approver_names
@@ -42,6 +44,7 @@ log = logging.getLogger(__name__)
 router = APIRouter(tags=["approvals"])
 
 _STATUS = {
+    "unknown": 404,
     "nothing_pending": 409,
     "mismatch": 409,
     "expired": 410,
@@ -77,7 +80,22 @@ class DecisionIn(BaseModel):
         "units of its currency (an approver may approve less, never more). Omitted: the amount it awaits. "
         "A rejection is of the amount it awaits.",
     )
-    currency: str = Field(min_length=3, max_length=3, examples=["USD"], description="The refund's currency.")
+    currency: str = Field(
+        min_length=3,
+        max_length=3,
+        examples=["USD"],
+        description="The refund's currency (ISO 4217, in any case: `usd` is `USD`); another is 409.",
+    )
+
+
+def refund_decider(refund_id: str, client: Decider, svc: ServicesDep) -> Principal:
+    """The calling client, as who decides ``refund_id``: checked before the decision's body is read, so an unknown
+    refund is 404 and the refund's requester 403 whatever the body says."""
+    approver = principal_of(client)
+    refused = decider_refusal(refund_id, approver, approver_names(svc.settings.refund_agent_operators))
+    if refused is not None:
+        raise Problem(_STATUS[refused.code], str(refused))
+    return approver
 
 
 def decide(
@@ -115,13 +133,33 @@ def decide(
     return {**record, "first": result.first}
 
 
-@router.post("/refunds/{refund_id}/approval", response_model=DecisionView)
-def post_decision(refund_id: str, body: DecisionIn, svc: ServicesDep, client: Decider) -> dict[str, Any]:
+@router.post(
+    "/refunds/{refund_id}/approval",
+    response_model=DecisionView,
+    responses=errors(
+        *GUARDED,
+        404,
+        409,
+        410,
+        413,
+        415,
+        422,
+        e403="the client lacks `approvals:decide`, requested the refund (or acts for the person who did), acts for "
+        "an operator who may not decide, or the amount is above its approval limit",
+        e404="no refund with that id",
+        e409="the refund is not waiting for a decision, was decided otherwise (the problem's `recorded` is the "
+        "decision that stands), or the currency is not the refund's",
+        e422="an amount above the one awaited, zero, or with more decimals than the currency has; an unknown field",
+    ),
+)
+def post_decision(
+    refund_id: str, approver: Annotated[Principal, Depends(refund_decider)], body: DecisionIn, svc: ServicesDep
+) -> dict[str, Any]:
     """Approve (``amount``: at most the awaited amount, which is the default) or reject, as the calling client
     (scope ``approvals:decide``; never the refund's requester). Repeats get the recorded decision; a different
     one is 409; an amount above the awaited one, zero, or with more decimals than the currency has is 422."""
     amount = Decimal(body.amount) if body.amount is not None else None
-    return decide(svc, refund_id, body.decision, principal_of(client), "api", amount, body.currency.upper())
+    return decide(svc, refund_id, body.decision, approver, "api", amount, body.currency.upper())
 
 
 def _page(title: str, body: str, status: int = 200) -> HTMLResponse:
@@ -244,7 +282,20 @@ def slack_approver(svc: Services, payload: dict[str, Any]) -> tuple[Principal, s
     return Principal("operator", operator), f"slack:{slack_id}"
 
 
-@router.post("/slack/interactions")
+@router.post(
+    "/slack/interactions",
+    responses=errors(
+        400,
+        401,
+        404,
+        409,
+        503,
+        e400="not a Slack block_actions payload, or an unknown action",
+        e401="Slack's signature missing, wrong or stale",
+        e404="Slack is not configured on this service",
+        e409="this Slack request was already processed (a replay)",
+    ),
+)
 async def slack_interactions(request: Request, svc: ServicesDep) -> JSONResponse:
     """Slack's Approve/Reject buttons: signature (v0, 5-minute window) checked, replays refused, and the clicking
     user must be on ``SLACK_APPROVERS``; the decision is recorded as their operator, by Slack id."""

@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated
 
-from fastapi import Depends, Header
+from fastapi import Depends
+from fastapi.security import HTTPAuthorizationCredentials
 
+from agent.http.openapi import bearer
 from agent.http.problems import Problem
 from agent.identity import Principal
 from steps import clients
@@ -14,10 +16,9 @@ from steps.records import ApiClient, Scope
 from steps.store import app_db
 
 
-def current_client(authorization: Annotated[str | None, Header()] = None) -> ApiClient:
+def current_client(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> ApiClient:
     """The live client whose key this is; 401 for no key, an unknown key or a revoked client's key."""
-    scheme, _, presented = (authorization or "").partition(" ")
-    client = clients.authenticate(app_db().engine, presented.strip()) if scheme.lower() == "bearer" else None
+    client = clients.authenticate(app_db().engine, credentials.credentials.strip()) if credentials else None
     if client is None:
         raise Problem(401, "a valid API key is required (Authorization: Bearer <key>)")
     return client

@@ -5,22 +5,22 @@ from __future__ import annotations
 import logging
 import re
 import sqlite3
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import psycopg
 import sqlalchemy.exc
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, params
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from steps.store import transient_database_error
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024
-ACCEPTED_TYPES = ("application/json", "application/x-www-form-urlencoded")
 TITLES = {
     400: "Bad request",
     401: "Unauthorized",
@@ -57,7 +57,19 @@ RETRY_AFTER_SECONDS = 1
 
 #: What pydantic puts before a validator's own words ("Value error, amount must be ..."): not for API clients.
 _LIBRARY_PREFIX = re.compile(r"^(Value error|Assertion failed), ")
-JSON_ONLY = "this endpoint takes a JSON body: send it with Content-Type: application/json"
+JSON = "application/json"
+FORM = "application/x-www-form-urlencoded"
+
+
+def describe(item: Mapping[str, Any]) -> str:
+    """One validation error (pydantic's or FastAPI's) in the API's words: ``field: rule``, no library prefix."""
+    where = ".".join(str(p) for p in item.get("loc", ()) if p not in ("body", "header", "query", "path"))
+    message = _LIBRARY_PREFIX.sub("", str(item.get("msg", "invalid")))
+    if item.get("type") == "missing" and tuple(item.get("loc", ())) == ("body",):
+        return f"a JSON body is required (Content-Type: {JSON})"
+    if item.get("type") == "missing" and item.get("loc", ())[:1] == ("header",):
+        return f"the {where} header is required"
+    return f"{where}: {message}" if where else message
 
 
 def _where_in(body: bytes, position: int) -> str:
@@ -66,18 +78,20 @@ def _where_in(body: bytes, position: int) -> str:
     return f"line {text.count(chr(10)) + 1}, column {position - (text.rfind(chr(10)) + 1) + 1}"
 
 
-def _validation_detail(error: RequestValidationError, body: bytes) -> str:
-    parts = []
-    for item in error.errors()[:5]:
+def _validation_problem(error: RequestValidationError, body: bytes) -> tuple[int, str]:
+    """The status and words for a request FastAPI could not validate: a header (the Idempotency-Key) is a bad
+    request (400), as the API always answered a missing key; a body or parameter breaking a rule is 422."""
+    items = list(error.errors())
+    headers = [item for item in items if item.get("loc", ())[:1] == ("header",)]
+    if headers:
+        return 400, "; ".join(describe(item) for item in headers[:5])
+    for item in items:
         if item.get("type") == "json_invalid":
             loc = item.get("loc", ())
             position = loc[-1] if loc and isinstance(loc[-1], int) else 0
             reason = str((item.get("ctx") or {}).get("error", "not valid JSON"))
-            return f"the body is not valid JSON: {reason} at {_where_in(body, position)}"
-        where = ".".join(str(p) for p in item.get("loc", ()) if p != "body")
-        message = _LIBRARY_PREFIX.sub("", str(item.get("msg", "invalid")))
-        parts.append(f"{where}: {message}" if where else message)
-    return "; ".join(parts) or "invalid request"
+            return 422, f"the body is not valid JSON: {reason} at {_where_in(body, position)}"
+    return 422, "; ".join(describe(item) for item in items[:5]) or "invalid request"
 
 
 async def _body(request: Request) -> bytes:
@@ -88,14 +102,31 @@ async def _body(request: Request) -> bytes:
         return b""
 
 
-def _form_sent_for_json(request: Request, error: RequestValidationError) -> bool:
-    """A form (or nothing JSON) posted to an endpoint whose body is a JSON object."""
+def _wrong_body_type(request: Request) -> str | None:
+    """The type of body the route a request reached takes, when the request sent another: a form for routes
+    declaring form fields (the approval link's page, the console), JSON for routes declaring a JSON body (the API).
+    Routes that read the raw body themselves (Stripe's and Slack's hooks: a signature over the bytes) take any."""
+    field = getattr(request.scope.get("route"), "body_field", None)
+    if field is None or not _has_body(request):
+        return None
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    wants_object = any(
-        item.get("loc") == ("body",) and item.get("type") in ("model_attributes_type", "dict_type", "model_type")
-        for item in error.errors()
-    )
-    return kind == "application/x-www-form-urlencoded" and wants_object
+    if isinstance(field.field_info, params.Form):
+        return None if kind == FORM else FORM
+    return None if kind == JSON or kind.endswith("+json") else JSON
+
+
+def _allowed_methods(request: Request) -> str:
+    """The methods a request's path takes (for ``Allow``): each asked of the app's routes."""
+    allowed = []
+    for method in ("GET", "POST", "PUT", "PATCH", "DELETE"):
+        scope = {**request.scope, "method": method}
+        if any(route.matches(scope)[0] is Match.FULL for route in request.app.router.routes):
+            allowed.append(method)
+    return ", ".join(allowed)
+
+
+def _has_body(request: Request) -> bool:
+    return request.headers.get("content-length", "0") != "0" or "transfer-encoding" in request.headers
 
 
 def install(app: FastAPI) -> None:
@@ -104,14 +135,18 @@ def install(app: FastAPI) -> None:
         return problem(exc.status, exc.detail, **exc.extra)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> Response:
-        return problem(exc.status_code, str(exc.detail))
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # Starlette names the methods of the first route on the path only
+            headers["Allow"] = _allowed_methods(request)
+            return problem(405, f"{request.method} is not a method of {request.url.path}", headers=headers)
+        return problem(exc.status_code, str(exc.detail), headers=headers or None)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
-        if _form_sent_for_json(request, exc):
-            return problem(415, JSON_ONLY)
-        return problem(422, _validation_detail(exc, await _body(request)))
+        if takes := _wrong_body_type(request):
+            return problem(415, f"this endpoint takes a body of type {takes}")
+        return problem(*_validation_problem(exc, await _body(request)))
 
     def unavailable(request: Request, transient: str) -> Response:
         log.warning("database unavailable (%s) on %s %s", transient, request.method, request.url.path)
@@ -150,9 +185,10 @@ def install(app: FastAPI) -> None:
             length = request.headers.get("content-length")
             if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
                 return problem(413, f"request bodies are limited to {MAX_BODY_BYTES} bytes")
-            kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-            if kind not in ACCEPTED_TYPES:
-                return problem(415, f"content type must be one of {', '.join(ACCEPTED_TYPES)}")
+            # What each route takes is judged once routing found it (``_wrong_body_type``); multipart, which none
+            # takes, is refused before anything parses it.
+            if request.headers.get("content-type", "").strip().lower().startswith("multipart/"):
+                return problem(415, f"no endpoint here takes multipart bodies; the API takes {JSON}")
             body = await request.body()  # cached by Starlette for the endpoint
             if len(body) > MAX_BODY_BYTES:
                 return problem(413, f"request bodies are limited to {MAX_BODY_BYTES} bytes")

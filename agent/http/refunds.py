@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Annotated, Any
 
 import sqlalchemy as sa
 from fastapi import APIRouter, Depends, Header, Query, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ValidationError
 
 from agent import policy, tokens
 from agent.decision_checks import is_requester
 from agent.domain import RefundRequest
 from agent.http.clients import current_client, principal_of, requiring, sees_every_refund
-from agent.http.problems import Problem
+from agent.http.openapi import GUARDED, errors
+from agent.http.problems import Problem, describe
+from agent.http.refund_input import RefundIn
 from agent.http.views import OrderPage, RefundPage, RefundView, Status
 from agent.services import Services, ServicesDep
 from agent.status import refund_status, rfc3339
@@ -27,44 +28,11 @@ from steps.records import ApiClient, from_minor, quantize
 from steps.refunds import Requester
 from steps.store import app_db, refunds
 
-_AMOUNT = re.compile(r"^[0-9]{1,12}(\.[0-9]{1,2})?$")  # ASCII digits: \d would also match "٤٢"
-
-
 # Every route here needs an API client's key (agent/http/clients.py); each route names the scopes it needs.
 router = APIRouter(dependencies=[Depends(current_client)])
 Creator = Annotated[ApiClient, Depends(requiring("refunds:create"))]
 Reader = Annotated[ApiClient, Depends(requiring("refunds:read", "approvals:decide"))]
 OrderReader = Annotated[ApiClient, Depends(requiring("refunds:create", "refunds:read"))]
-
-
-class RefundIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    order_id: str = Field(min_length=1, max_length=64, examples=["ord_1001"])
-    message: str = Field(
-        min_length=1, max_length=4000, description="the customer's words, verbatim", examples=["The mouse broke."]
-    )
-    amount: str | None = Field(
-        default=None,
-        description='what the customer asks for, as a decimal string ("42.50", not 42.5); omit for the full '
-        "refundable balance",
-        examples=["42.50"],
-        json_schema_extra={"pattern": _AMOUNT.pattern},
-    )
-    currency: str | None = Field(
-        default=None,
-        min_length=3,
-        max_length=3,
-        description="ISO 4217 code; must be the order's (default: the order's)",
-        examples=["USD"],
-    )
-
-    @field_validator("amount")
-    @classmethod
-    def _decimal_string(cls, value: str | None) -> str | None:
-        if value is not None and not _AMOUNT.match(value):
-            raise ValueError('amount must be a positive decimal string such as "42.50"')
-        return value
 
 
 class Accepted(BaseModel):
@@ -73,26 +41,48 @@ class Accepted(BaseModel):
     status_url: str
 
 
-@router.post("/refunds", status_code=202, response_model=Accepted, tags=["refunds"])
+@router.post(
+    "/refunds",
+    status_code=202,
+    response_model=Accepted,
+    tags=["refunds"],
+    responses={
+        200: {"model": Accepted, "description": "the same key and body again: the refund already accepted"},
+        **errors(
+            *GUARDED,
+            400,
+            404,
+            409,
+            413,
+            415,
+            422,
+            e400="no `Idempotency-Key`, or a malformed one",
+            e403="the client lacks `refunds:create`",
+            e404="no order with that id",
+            e409="the key was used before with another body, or by another client",
+            e422="a body that breaks a rule (said in plain words): an amount that is not a positive decimal string, "
+            "more decimals than the currency has, more than was paid, another currency than the order's, an "
+            "empty message, an unknown field; malformed JSON (with its line and column)",
+        ),
+    },
+)
 def create_refund(
     body: RefundIn,
     svc: ServicesDep,
     client: Creator,
     response: Response,
     idempotency_key: Annotated[
-        str | None,
+        str,
         Header(
             alias="Idempotency-Key",
-            description="8-200 letters, digits or `_.:-`; becomes the refund id. The same key with the same "
-            "body returns the same refund; with another body, 409.",
+            description="Required (400 without it): 8-200 letters, digits or `_.:-`; becomes the refund id. The "
+            "same key with the same body returns the same refund (200); with another body, 409.",
             examples=["order-1001-2026-12-02"],
             json_schema_extra={"pattern": KEY_PATTERN},
         ),
-    ] = None,
+    ],
 ) -> Accepted:
-    """Accept a refund request; the Idempotency-Key becomes the refund id (and the workflow id)."""
-    if not idempotency_key:
-        raise Problem(400, "the Idempotency-Key header is required")
+    """Accept a refund request; the Idempotency-Key becomes the refund id (and the workflow id). 202 when new."""
     try:
         request = RefundRequest(
             order_id=body.order_id,
@@ -101,7 +91,7 @@ def create_refund(
             currency=body.currency,
         )
     except ValidationError as error:
-        raise Problem(422, "; ".join(str(e["msg"]) for e in error.errors())) from error
+        raise Problem(422, "; ".join(describe(e) for e in error.errors())) from error
     try:
         sub = submit_refund(
             svc.client,
@@ -152,7 +142,13 @@ def _with_links(svc: Services, client: ApiClient, status: dict[str, Any]) -> dic
 
 
 # exclude_unset: the approval's token and links are absent (not null) for a client that may not decide the refund
-@router.get("/refunds/{refund_id}", response_model=RefundView, response_model_exclude_unset=True, tags=["refunds"])
+@router.get(
+    "/refunds/{refund_id}",
+    response_model=RefundView,
+    response_model_exclude_unset=True,
+    tags=["refunds"],
+    responses=errors(*GUARDED, 404, e404="no refund with that id, or one a `refunds:read` client did not request"),
+)
 def get_refund(refund_id: str, svc: ServicesDep, client: Reader) -> dict[str, Any]:
     """Status, amounts, approval, payment and the DBOS step timeline of one refund.
 
@@ -177,7 +173,12 @@ def _uncursor(cursor: str) -> tuple[datetime, str]:
         raise Problem(400, "cursor is not one this API returned") from error
 
 
-@router.get("/refunds", response_model=RefundPage, tags=["refunds"])
+@router.get(
+    "/refunds",
+    response_model=RefundPage,
+    tags=["refunds"],
+    responses=errors(*GUARDED, 400, 422, e400="a cursor this API did not return", e422="an unknown status or limit"),
+)
 def list_refunds(
     svc: ServicesDep,
     client: Reader,
@@ -219,7 +220,7 @@ def list_refunds(
     return {"items": items, "next_cursor": _cursor(page[-1].created_at, page[-1].refund_id) if more else None}
 
 
-@router.get("/orders", response_model=OrderPage, tags=["orders"])
+@router.get("/orders", response_model=OrderPage, tags=["orders"], responses=errors(*GUARDED, 422))
 def get_orders(
     svc: ServicesDep,
     client: OrderReader,

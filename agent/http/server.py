@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from agent import __version__, console, runtime
-from agent.http import api_docs, metrics, problems, refunds, startup, webhooks
+from agent.http import api_docs, metrics, openapi, problems, refunds, startup, webhooks
 from agent.http import approvals as approval_routes
 from agent.http.views import Readiness
 from agent.ops.processes import child_env, http_ok, spawn, stop, wait_for
@@ -136,7 +136,9 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Fast
         lifespan=lifespan,
         docs_url=None,  # served by api_docs with local assets
         redoc_url=None,
+        generate_unique_id_function=openapi.operation_id,
     )
+    openapi.install(app)
     problems.install(app)
     console.install_error_pages(app)  # after the API's handlers: console paths answer errors with pages
     api_docs.install(app)
@@ -166,7 +168,12 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Fast
         body = generate_latest(request.app.state.metrics)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/readyz", tags=["health"], response_model=None, responses={200: {"model": Readiness}})
+    @app.get(
+        "/readyz",
+        tags=["health"],
+        response_model=None,
+        responses={200: {"model": Readiness}, **openapi.errors(503, e503="not ready: the problem's `checks` say what")},
+    )
     def readyz(request: Request) -> dict[str, Any] | JSONResponse:
         """The databases answer and DBOS is launched."""
         checks: dict[str, bool] = {}

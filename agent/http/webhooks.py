@@ -19,6 +19,7 @@ from typing import Any
 import stripe
 from fastapi import APIRouter, Request
 
+from agent.http.openapi import errors
 from agent.http.problems import Problem
 from agent.services import ServicesDep
 from agent.settlement import event_options
@@ -66,7 +67,11 @@ def _record(event: ProviderEvent, refund_id: str | None, outcome: Outcome, reaso
         record_event(conn, event, refund_id=refund_id, outcome=outcome, reason=reason)
 
 
-@router.post("/webhooks/stripe", status_code=200)
+@router.post(
+    "/webhooks/stripe",
+    status_code=200,
+    responses=errors(401, 503, e401="no webhook secret configured, or the Stripe signature is missing, stale or wrong"),
+)
 async def stripe_webhook(request: Request, svc: ServicesDep) -> dict[str, Any]:
     """Verify Stripe's signature (``Stripe-Signature``, 5-minute tolerance), check the refund the event names
     against our row, and enqueue its settlement; anything else changes nothing and says why.
