@@ -102,15 +102,17 @@ RUN_ELSEWHERE: dict[str, Elsewhere] = {
     "apt-get install -y chromium": Elsewhere(".ci/run"),
     "npm ci --prefix docs --no-audit --no-fund": Elsewhere(".ci/run", ("npm ci --prefix docs --no-audit --no-fund",)),
     "refund-agent serve --no-worker": Elsewhere("tests/scale_cluster.py"),
-    "refund-agent clients add helpdesk --scopes refunds:create,refunds:read": Elsewhere(
+    "refund-agent clients add helpdesk --scopes refunds:create,refunds:read --key-file helpdesk.key": Elsewhere(
         "docs/getting-started.md",
-        ("refund-agent clients add helpdesk --scopes refunds:create,refunds:read",),
-        "the local session (docs-test: session) runs this very line",
+        ("refund-agent clients add helpdesk --scopes refunds:create,refunds:read --key-file",),
+        "the local session (docs-test: session) runs this very line, with the file in the data directory",
     ),
-    "refund-agent clients add approvals-bot --scopes approvals:decide --operator dana": Elsewhere(
-        "tests/test_identities.py",
-        ('"clients", "add"', '"--scopes"', '"--operator", "dana"'),
-        "through Python, with another client's name",
+    "refund-agent clients add approvals-bot --scopes approvals:decide --operator dana --key-file approvals-bot.key": (
+        Elsewhere(
+            "tests/test_identities.py",
+            ('"clients", "add"', '"--scopes"', '"--operator", "dana"', '"--key-file"'),
+            "through Python, with another client's name",
+        )
     ),
     "refund-agent clients list": Elsewhere("tests/test_identities.py", ('"clients", "list"',), "through Python"),
     "refund-agent clients revoke approvals-bot": Elsewhere(
