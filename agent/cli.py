@@ -90,6 +90,7 @@ def cmd_worker(_: argparse.Namespace) -> int:
         "stopping: no new refunds; in-flight ones get %ss to finish", settings.shutdown_timeout_seconds
     )
     runtime.stop(workflow_completion_timeout_sec=settings.shutdown_timeout_seconds)
+    logging.getLogger(__name__).info("worker %s stopped", settings.refund_agent_executor_id)
     return 0
 
 
@@ -194,28 +195,41 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from agent.status import refund_status
+    from agent.status_text import summary_lines
+    from steps import audit
+    from steps.store import app_db
 
     client = _open()
     status = refund_status(client, args.refund_id, prices=get_settings().refund_agent_model_prices)
     if status is None:
         print(f"no refund {args.refund_id}", file=sys.stderr)
         return 1
-    print(json.dumps(status, indent=2, default=str))
+    if args.json:
+        print(json.dumps(status, indent=2, default=str))
+        return 0
+    with app_db().engine.connect() as conn:
+        events = audit.entries(conn, args.refund_id)
+    print("\n".join(summary_lines(status, events)))
     return 0
 
 
 def cmd_steps(args: argparse.Namespace) -> int:
-    from agent.status import step_timeline, timeline_lines, workflows_of
+    from agent.status import refund_status
+    from agent.status_text import timeline_lines, timer_note
 
     client = _open()
-    workflows = workflows_of(client, args.refund_id)
-    if not workflows:
+    status = refund_status(client, args.refund_id)
+    if status is None or not status["workflows"]:
         print(f"no refund {args.refund_id}", file=sys.stderr)
         return 1
-    print(f"Steps of refund {args.refund_id}, across its {len(workflows)} workflow(s):")
-    print("\n".join(timeline_lines(args.refund_id, step_timeline(client, workflows))))
+    workflows, approval = status["workflows"], status["approval"]
+    print(f"Steps of refund {args.refund_id}, across its {len(workflows)} workflow(s), in the order they ran:")
+    print("\n".join(timeline_lines(args.refund_id, status["steps"], approval)))
     for wf in workflows:
-        print(f"  {wf.workflow_id.removeprefix(args.refund_id) or '(refund)':<10} {wf.name}: {wf.status}")
+        run = wf["workflow_id"].removeprefix(args.refund_id) or "(refund)"
+        step = next((s for s in status["steps"] if s["workflow"] == wf["workflow_id"]), None)
+        found = timer_note(step, approval) if step else ""  # a timer's first step says what it found
+        print(f"  {run:<10} {wf['name']}: {wf['status']}" + (f" ({found})" if found else ""))
     return 0
 
 
@@ -261,13 +275,8 @@ def cmd_clients(args: argparse.Namespace) -> int:
     actor = str(os_principal())
     try:
         if args.clients_command == "add":
-            made, key = clients.add_client(
-                engine, name=args.name, scopes=args.scopes, operator=args.operator, actor=actor
-            )
-            # The key alone on stdout (`> file` keeps it), the rest on stderr.
-            print(f"client {made.name} ({', '.join(made.scopes)}) added; its key, shown only now:", file=sys.stderr)
-            print(key)
-        elif args.clients_command == "revoke":
+            return _add_client(engine, args, actor=actor)
+        if args.clients_command == "revoke":
             revoked = clients.revoke_client(engine, args.name, actor=actor)
             print(f"client {revoked.name} revoked at {revoked.revoked_at:%Y-%m-%d %H:%M:%S} UTC; its key is refused")
         else:
@@ -281,6 +290,42 @@ def cmd_clients(args: argparse.Namespace) -> int:
         return 2
     finally:
         engine.dispose()
+    return 0
+
+
+def _add_client(engine: Any, args: argparse.Namespace, *, actor: str) -> int:
+    """Add the client; its key into ``--key-file`` (made 0600, never overwritten) or alone on stdout."""
+    from agent.identity import known_operator
+    from steps import clients
+
+    settings = get_settings()
+    if args.operator is not None and not known_operator(
+        args.operator, settings.refund_agent_operators, oidc=settings.oidc_issuer_url is not None
+    ):
+        configured = ", ".join(sorted(settings.refund_agent_operators)) or "none: only the generated admin"
+        print(
+            f"refused: no operator {args.operator!r} is configured (REFUND_AGENT_OPERATORS names {configured})",
+            file=sys.stderr,
+        )
+        return 2
+    key_file: Path | None = args.key_file
+    if key_file is not None and (key_file.exists() or not key_file.parent.is_dir()):
+        why = "exists already" if key_file.exists() else "is in no existing directory"
+        print(f"refused: {key_file} {why}; the key is written to a new file only", file=sys.stderr)
+        return 2
+    made, key = clients.add_client(engine, name=args.name, scopes=args.scopes, operator=args.operator, actor=actor)
+    scopes = ", ".join(made.scopes)
+    if key_file is None:  # the key alone on stdout, the rest on stderr
+        print(f"client {made.name} ({scopes}) added; its key, shown only now:", file=sys.stderr)
+        print(key)
+        return 0
+    # Created this user's alone whatever the umask, and never through an existing file or link.
+    descriptor = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        out.write(key + "\n")
+    print(
+        f"client {made.name} ({scopes}) added; its key is in {key_file} (mode 0600), and nowhere else", file=sys.stderr
+    )
     return 0
 
 
@@ -371,10 +416,17 @@ def parser() -> argparse.ArgumentParser:
         help="submit as the API client whose key is in this file (default: as the OS user, cli:<user>)",
     )
     submit.set_defaults(func=cmd_submit)
-    status = sub.add_parser("status", help="show a refund's phase, outcome and step timeline")
+    status = sub.add_parser(
+        "status", help="show a refund's phase, outcome, amounts and the timeline of its events (--json: everything)"
+    )
     status.add_argument("refund_id")
+    status.add_argument(
+        "--json",
+        action="store_true",
+        help="print the whole record as JSON: approval, payment, claim, usage, workflows, steps",
+    )
     status.set_defaults(func=cmd_status)
-    steps = sub.add_parser("steps", help="a refund's DBOS steps across its workflows, one line each")
+    steps = sub.add_parser("steps", help="a refund's DBOS steps across its workflows, one line each, in time order")
     steps.add_argument("refund_id")
     steps.set_defaults(func=cmd_steps)
     for name in ("approve", "reject"):
@@ -393,7 +445,16 @@ def parser() -> argparse.ArgumentParser:
         help="comma-separated: refunds:create, refunds:read, approvals:decide, admin",
     )
     add.add_argument(
-        "--operator", default=None, help="the console operator this client acts for (may not decide its refunds)"
+        "--operator",
+        default=None,
+        help="the configured console operator this client acts for (may not decide its refunds)",
+    )
+    add.add_argument(
+        "--key-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="write the key into this new file, readable by this user only (default: print it alone on stdout)",
     )
     add.set_defaults(func=cmd_clients)
     cl_sub.add_parser("list", help="list clients and their scopes").set_defaults(func=cmd_clients)

@@ -23,6 +23,7 @@ from steps.records import NAME_PATTERN, SCOPES, Scope
 __all__ = [
     "DEFAULT_ADMIN",
     "NAME_PATTERN",
+    "OIDC_PREFIX",
     "ROLES",
     "SCOPES",
     "Operator",
@@ -32,6 +33,7 @@ __all__ = [
     "Scope",
     "approver_names",
     "cli_principal",
+    "known_operator",
     "parse_operators",
     "valid_name",
 ]
@@ -40,6 +42,8 @@ PrincipalKind = Literal["client", "operator", "cli", "system"]
 KINDS: tuple[PrincipalKind, ...] = ("client", "operator", "cli", "system")
 _NAME = re.compile(NAME_PATTERN)
 
+#: Operators who sign in through the OpenID provider are named ``oidc.<subject>`` (agent/console/oidc.py).
+OIDC_PREFIX = "oidc."
 #: The one operator of a service with none configured; its password is generated into the data directory.
 DEFAULT_ADMIN = "admin"
 
@@ -121,6 +125,14 @@ def cli_principal(user: str, configured: Mapping[str, str]) -> Principal:
     name when one is configured (the generated ``admin`` when none is), so that person's checks apply to it."""
     operators = set(configured) or {DEFAULT_ADMIN}
     return Principal("cli", user, acts_for=user if user in operators else None)
+
+
+def known_operator(name: str, configured: Mapping[str, str], *, oidc: bool) -> bool:
+    """Whether ``name`` is an operator this service has: one configured (the generated ``admin`` when none is),
+    or, with single sign-on, a provider's user (``oidc.<subject>``)."""
+    if oidc and name.startswith(OIDC_PREFIX) and valid_name(name):
+        return True
+    return name in (set(configured) or {DEFAULT_ADMIN})
 
 
 def approver_names(configured: dict[str, str]) -> tuple[str, ...]:

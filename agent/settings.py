@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import re
 import secrets
@@ -19,6 +20,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent import __version__
 from steps.records import LIMIT_SCALES, NAME_PATTERN, SUPPORTED_CURRENCIES, quantize, supported
+
+log = logging.getLogger(__name__)
 
 #: The shortest secret of our own accepted, in bytes: as long as the ones generated (32 random bytes).
 MIN_SECRET_BYTES = 32
@@ -615,6 +618,26 @@ def settings_problems(error: ValidationError) -> list[str]:
     return problems
 
 
+def env_file_warning(path: Path) -> str | None:
+    """What is wrong with the ``.env`` file settings are read from, if anything: it holds secrets, so a file other
+    users may read (or write: then they choose this service's settings) is named, never its contents."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(info.st_mode) or not info.st_mode & 0o077:
+        return None
+    mode = stat.S_IMODE(info.st_mode)
+    return (
+        f"{path.resolve()} (mode {mode:04o}) may be read by other users, and it holds settings and secrets: "
+        f"read anyway; `chmod 600 {path}` makes it this user's alone"
+    )
+
+
 @cache
 def get_settings() -> Settings:
+    env_file = Settings.model_config.get("env_file")
+    warning = env_file_warning(Path(str(env_file))) if isinstance(env_file, str) else None
+    if warning is not None:
+        log.warning(warning)
     return Settings()

@@ -99,17 +99,6 @@ def step_timeline(client: DBOSClient, workflows: list[WorkflowStatus]) -> list[d
     return timeline
 
 
-def timeline_lines(refund_id: str, steps: list[dict[str, Any]]) -> list[str]:
-    """A refund's step timeline (``step_timeline``) as lines a person reads: one step each, by workflow."""
-    lines = [f"  {'workflow':<10} {'#':>3}  {'step':<34} {'started (UTC)':<12}  {'took':>9}  error"]
-    for step in steps:
-        took = f"{step['duration_ms']:>6} ms" if step["duration_ms"] is not None else "      -"
-        run = step["workflow"].removeprefix(refund_id) or "(refund)"
-        start = (step["start"] or "")[11:23]
-        lines.append(f"  {run:<10} {step['step']:>3}  {step['name']:<34} {start:<12}  {took:>9}  {step['error'] or ''}")
-    return lines
-
-
 def phase_of(
     workflows: list[WorkflowStatus], refund_id: str, row_status: str | None, decision: str | None
 ) -> tuple[str, dict[str, Any] | None]:

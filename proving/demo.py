@@ -19,7 +19,8 @@ from agent.domain import RefundRequest
 from agent.identity import Principal, cli_principal
 from agent.ops.processes import child_env, free_port, http_ok, spawn, stop, wait_for
 from agent.settings import Settings
-from agent.status import parked, refund_status, timeline_lines
+from agent.status import parked, refund_status
+from agent.status_text import timeline_lines
 from agent.submit import Submission, submit_refund
 from steps import audit, notify
 from steps.orders import get_order
@@ -202,8 +203,8 @@ class Demo:
             order is not None and order.amount_refunded == Decimal("4200.00"),
         )
         self.check(f"audit chain verifies ({chain.entries} entries)", chain.ok)
-        print("\nTimeline of DBOS steps (refund " + REFUND_ID + ", across its workflows):")
-        print("\n".join(timeline_lines(REFUND_ID, steps)))
+        print("\nTimeline of DBOS steps (refund " + REFUND_ID + ", across its workflows, in the order they ran):")
+        print("\n".join(timeline_lines(REFUND_ID, steps, status["approval"])))
         print("\nAudit trail: " + " -> ".join(events))
         with app_db().engine.connect() as conn:
             for message in notify.messages(conn, REFUND_ID):

@@ -102,15 +102,17 @@ RUN_ELSEWHERE: dict[str, Elsewhere] = {
     "apt-get install -y chromium": Elsewhere(".ci/run"),
     "npm ci --prefix docs --no-audit --no-fund": Elsewhere(".ci/run", ("npm ci --prefix docs --no-audit --no-fund",)),
     "refund-agent serve --no-worker": Elsewhere("tests/scale_cluster.py"),
-    "refund-agent clients add helpdesk --scopes refunds:create,refunds:read": Elsewhere(
+    "refund-agent clients add helpdesk --scopes refunds:create,refunds:read --key-file helpdesk.key": Elsewhere(
         "docs/getting-started.md",
-        ("refund-agent clients add helpdesk --scopes refunds:create,refunds:read",),
-        "the local session (docs-test: session) runs this very line",
+        ("refund-agent clients add helpdesk --scopes refunds:create,refunds:read --key-file",),
+        "the local session (docs-test: session) runs this very line, with the file in the data directory",
     ),
-    "refund-agent clients add approvals-bot --scopes approvals:decide --operator dana": Elsewhere(
-        "tests/test_identities.py",
-        ('"clients", "add"', '"--scopes"', '"--operator", "dana"'),
-        "through Python, with another client's name",
+    "refund-agent clients add approvals-bot --scopes approvals:decide --operator dana --key-file approvals-bot.key": (
+        Elsewhere(
+            "tests/test_identities.py",
+            ('"clients", "add"', '"--scopes"', '"--operator", "dana"', '"--key-file"'),
+            "through Python, with another client's name",
+        )
     ),
     "refund-agent clients list": Elsewhere("tests/test_identities.py", ('"clients", "list"',), "through Python"),
     "refund-agent clients revoke approvals-bot": Elsewhere(
@@ -458,6 +460,47 @@ def test_docker_compose_commands_name_services_compose_yaml_has() -> None:
     assert named and set(named) <= services, (named, services)
 
 
+def test_the_readme_demo_sample_agrees_with_what_the_readme_says_of_it() -> None:
+    """The sample output's numbers fall within the ones the sentence above it quotes."""
+    text = README.read_text(encoding="utf-8")
+    quoted = re.search(r"\((\d+) checks, in ([\d.]+)-([\d.]+) s by the time it prints", text)
+    sample = re.search(r"^(\d+)/(\d+) checks passed in ([\d.]+)s$", text, re.M)
+    assert quoted and sample, "the README quotes the demo's checks and times, and shows its last line"
+    checks, low, high = int(quoted[1]), float(quoted[2]), float(quoted[3])
+    assert int(sample[1]) == int(sample[2]) == checks
+    assert low <= float(sample[3]) <= high, (sample[0], quoted[0])
+    stamps = [float(s) for s in re.findall(r"^\[\s*([\d.]+)s\]", text, re.M)]
+    assert stamps and stamps == sorted(stamps) and stamps[-1] <= float(sample[3]), stamps
+
+
+def test_the_readme_says_what_to_run_before_building_the_site() -> None:
+    """`mkdocs build --strict` fails until the site's Mermaid is installed: wherever the README names the build,
+    the same paragraph names that step first."""
+    text = README.read_text(encoding="utf-8")
+    builds = [m.start() for m in re.finditer(r"mkdocs build", text)]
+    assert builds
+    for at in builds:
+        paragraph = text[text.rfind("\n\n", 0, at) : at]
+        assert "npm ci --prefix docs" in paragraph, paragraph
+
+
+def test_a_site_build_without_its_mermaid_says_what_to_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import importlib.util
+    from types import SimpleNamespace
+
+    spec = importlib.util.spec_from_file_location("mermaid_local", ROOT / "docs" / "hooks" / "mermaid_local.py")
+    assert spec and spec.loader
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    monkeypatch.setattr(hook, "ROOT", tmp_path)
+    monkeypatch.setattr(hook, "SOURCE", tmp_path / "docs" / "node_modules" / "mermaid" / "dist" / "mermaid.min.js")
+    warned: list[str] = []
+    monkeypatch.setattr(hook.log, "warning", lambda message, *args: warned.append(message % args))
+    hook.on_config(SimpleNamespace(extra_javascript=[]))
+    [message] = warned
+    assert "run `npm ci --prefix docs --no-audit --no-fund` from the repository root" in message, message
+
+
 def test_the_readme_is_short() -> None:
     lines = len(README.read_text(encoding="utf-8").splitlines())
     assert lines <= README_MAX_LINES, f"README.md has {lines} lines; at most {README_MAX_LINES}: move the rest to docs/"
@@ -695,6 +738,8 @@ def _single(normal: str) -> list[str]:
 def test_the_demo_runs_as_the_readme_says(tmp_path: Path) -> None:
     done = run(_single("refund-agent demo"), cwd=tmp_path, env=clean_env(), timeout=240)
     assert "FAIL" not in done.stdout and "checks passed" in done.stdout, done.stdout
+    quoted = re.search(r"\((\d+) checks, in", README.read_text(encoding="utf-8"))
+    assert quoted and f"{quoted[1]}/{quoted[1]} checks passed in" in done.stdout  # as many checks as it says
 
 
 def test_the_help_commands() -> None:

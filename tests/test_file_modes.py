@@ -15,6 +15,8 @@ import pytest
 
 from agent.ops.processes import free_port, http_ok, spawn, stop, wait_for
 from agent.settings import Settings, UnsafeDataDirectory
+from steps import clients
+from steps.store import create_engine
 from tests.test_secrets import clean_env, refund_agent
 
 
@@ -99,3 +101,25 @@ def test_a_shared_directory_is_refused_as_the_data_directory(tmp_path: Path) -> 
     done = refund_agent(tmp_path, "migrate", REFUND_AGENT_DATA_DIR=str(shared))
     assert done.returncode == 2 and "shared directory" in done.stderr
     assert list(shared.iterdir()) == [] and stat.S_IMODE(shared.stat().st_mode) == 0o1777
+
+
+def test_a_client_key_written_with_key_file_is_this_users_alone(tmp_path: Path) -> None:
+    """`clients add --key-file` writes the key into a new file, 0600 (a shell's `>` leaves it 0644), and never
+    through a file that exists already."""
+    key_file = tmp_path / "helpdesk.key"
+    add = ("clients", "add", "--scopes", "refunds:create", "--key-file", str(key_file))
+    made = refund_agent(tmp_path, *add, "helpdesk")
+    assert made.returncode == 0, made.stderr
+    assert made.stdout == "" and f"its key is in {key_file} (mode 0600)" in made.stderr
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    engine = create_engine(f"sqlite:///{tmp_path / 'data' / 'refund_agent.sqlite'}")
+    try:
+        found = clients.authenticate(engine, key_file.read_text().strip())
+        assert found is not None and found.name == "helpdesk"
+    finally:
+        engine.dispose()
+    kept = key_file.read_text()
+    again = refund_agent(tmp_path, *add, "other")
+    assert again.returncode == 2 and "exists already" in again.stderr, again.stderr
+    assert key_file.read_text() == kept
+    assert "other" not in refund_agent(tmp_path, "clients", "list").stdout

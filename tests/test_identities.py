@@ -34,6 +34,7 @@ from tests.conftest import Env
 from tests.console_server import csrf_of
 from tests.identities import DANA_PASSWORD, SLACK_DANA, link_token, operators_json
 from tests.live import LiveService, live_service
+from tests.test_secrets import refund_agent
 
 FORM = "application/x-www-form-urlencoded"
 
@@ -334,3 +335,30 @@ def test_slack_decides_only_with_its_own_buttons_and_only_for_an_operator_who_ma
         assert env.sandbox.refunds() == []
         assert "approve by operator:dana" in _slack_click(svc, button, SLACK_DANA)
         assert svc.until("slack-only-0001", "completed")["approval"]["via"] == f"slack:{SLACK_DANA}"
+
+
+def test_a_client_acts_only_for_an_operator_the_service_has(tmp_path: Path) -> None:
+    """`clients add --operator` names a configured operator (the generated admin when none is, a provider's user
+    with single sign-on) or is refused: a mistyped name would make a client whose refunds its person could still
+    decide, and which itself decides nothing."""
+
+    def add(name: str, operator: str, **variables: str) -> subprocess.CompletedProcess[str]:
+        key_file = str(tmp_path / f"{name}.key")
+        return refund_agent(
+            tmp_path, "clients", "add", name, "--scopes", "approvals:decide", "--operator", operator,
+            "--key-file", key_file, **variables,
+        )  # fmt: skip
+
+    ghost = add("bot-ghost", "ghost")
+    assert ghost.returncode == 2 and "no operator 'ghost' is configured" in ghost.stderr, ghost.stderr
+    assert not (tmp_path / "bot-ghost.key").exists()  # no key: no client
+    assert add("bot-admin", "admin").returncode == 0  # none configured: the generated admin is the operator
+    dana_configured = {"REFUND_AGENT_OPERATORS": operators_json()}
+    assert add("bot-dana", "dana", **dana_configured).returncode == 0
+    not_admin = add("bot-admin-2", "admin", **dana_configured)
+    assert not_admin.returncode == 2 and "names dana" in not_admin.stderr, not_admin.stderr
+    sso = {"OIDC_ISSUER_URL": "http://127.0.0.1:9/realm", "OIDC_CLIENT_ID": "console", "OIDC_CLIENT_SECRET": "s"}
+    assert add("bot-sso", "oidc.ada", **dana_configured, **sso).returncode == 0
+    assert add("bot-sso-2", "oidc.ada", **dana_configured).returncode == 2  # no provider: no provider's users
+    listed = refund_agent(tmp_path, "clients", "list").stdout
+    assert "bot-dana" in listed and "bot-ghost" not in listed and "bot-admin-2" not in listed

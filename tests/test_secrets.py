@@ -204,3 +204,17 @@ def test_checking_the_audit_chain_never_generates_a_key(tmp_path: Path) -> None:
     with pytest.raises(MissingSecret):
         Settings(refund_agent_data_dir=tmp_path / "data").audit_key(generate=False)
     assert not (tmp_path / "data" / "audit.key").exists()
+
+
+def test_a_dot_env_others_may_read_is_read_with_a_warning(tmp_path: Path) -> None:
+    """A `.env` holds secrets: one other users may read is named on stderr (never its contents), and read."""
+    dot_env = tmp_path / ".env"
+    dot_env.write_text(f"REFUND_AGENT_API_TOKEN={LONG_ENOUGH}\n")
+    dot_env.chmod(0o644)
+    warned = refund_agent(tmp_path, "steps", "no-such-refund")
+    assert warned.returncode == 1  # read all the same: the command ran
+    assert f"{dot_env.resolve()} (mode 0644) may be read by other users" in warned.stderr, warned.stderr
+    assert "chmod 600 .env" in warned.stderr and LONG_ENOUGH not in warned.stderr
+    dot_env.chmod(0o600)
+    quiet = refund_agent(tmp_path, "steps", "no-such-refund")
+    assert quiet.stderr == "no refund no-such-refund\n"

@@ -61,6 +61,10 @@ def test_serve_says_where_everything_is_in_under_15_lines_and_no_secret(tmp_path
         assert steps.stdout.startswith("Steps of refund quiet-steps-01"), steps.stdout
     finally:
         stop(proc)
+    # Stopped (SIGTERM), it says so, what it waits for, and when it is done.
+    ending = log.read_text().splitlines()[-4:]
+    assert "refund-agent stopping: no new requests; refunds in flight get 20s to finish" in ending, ending
+    assert ending[-1] == "refund-agent stopped" and proc.returncode == 0, ending
 
 
 def _ports(env: dict[str, str]) -> dict[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ import sqlalchemy as sa
 from dbos import DBOSClient
 
 from agent import runtime
+from agent.approvals import deadline_id
 from agent.cli import os_user
 from agent.ops.processes import child_env, wait_for
 from agent.status import parked, wait_for_outcome
@@ -50,16 +52,52 @@ def test_cli_submits_approves_once_and_reports_status(env: Env, client: DBOSClie
     rejected = cli(env, "reject", "cli-refund-0001")
     assert rejected.returncode == 3 and "recorded earlier" in rejected.stdout
     wait_for_outcome(client, "cli-refund-0001")
-    status = cli(env, "status", "cli-refund-0001")
-    assert '"status": "completed"' in status.stdout
     assert len(env.sandbox.refunds("ch_ord_1002")) == 1
+    # The decision made the deadline due: it runs, finds the refund approved, and ends.
+    wait_for(lambda: _finished(client, deadline_id("cli-refund-0001")), timeout=60, what="the deadline timer to end")
+    _status_is_a_summary_and_json_on_request(env, approver=f"cli:{os_user()}")
     steps = cli(env, "steps", "cli-refund-0001")  # one line per step, readable in a terminal
     assert steps.returncode == 0, steps.stderr
     lines = steps.stdout.splitlines()
     assert all(len(line) < 120 for line in lines)
-    assert any(line.split()[:3] == ["(refund)", "1", "orders.review_case"] for line in lines)
-    assert any(line.split()[:3] == ["/settle", "4", "payments.issue_refund"] for line in lines)
+    rows = [line.split() for line in lines if line.split()[1:2] and line.split()[1].isdigit()]
+    assert ["(refund)", "1", "orders.review_case"] in [row[:3] for row in rows]
+    assert ["/settle", "4", "payments.issue_refund"] in [row[:3] for row in rows]
+    started = [row[3] for row in rows]
+    assert started == sorted(started), "steps are listed in the order they started, across the workflows"
+    [expiry] = [line for line in lines if "refunds.expire_approval" in line]
+    assert expiry.endswith("found it approved: nothing expired"), expiry  # the refund did not expire
+    assert "approval_deadline_workflow: SUCCESS (found it approved: nothing expired)" in steps.stdout
     assert cli(env, "steps", "no-such-refund").returncode == 1
+
+
+def _finished(client: DBOSClient, workflow_id: str) -> bool:
+    return [wf.status for wf in client.list_workflows(workflow_ids=[workflow_id])] == ["SUCCESS"]
+
+
+def _status_is_a_summary_and_json_on_request(env: Env, *, approver: str) -> None:
+    """`status`: the phase, outcome, amounts and the timeline of events, in lines; `--json`: the whole record."""
+    shown = cli(env, "status", "cli-refund-0001")
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0] == "Refund cli-refund-0001 (order ord_1002, requested by client:helpdesk)", lines
+    head = lines[1 : lines.index("Timeline (UTC):")]
+    fields = {line.split()[0]: " ".join(line.split()[1:]) for line in head}
+    assert fields["phase"] == "completed"
+    assert fields["outcome"].startswith("completed: paid 4,200.00 USD (provider refund re_")
+    assert fields["asked"] == "the order's refundable balance"
+    assert (fields["proposed"], fields["approved"]) == ("4,200.00 USD", f"4,200.00 USD by {approver}")
+    assert fields["paid"] == "4,200.00 USD"
+    timeline = lines[lines.index("Timeline (UTC):") + 1 :]
+    events = [line.split(None, 2)[2] for line in timeline if line.startswith("  ")]
+    assert events[0] == "requested by client:helpdesk, for the order's refundable balance"
+    assert f"approved by {approver} via cli for 4,200.00 USD" in events
+    assert events[-1].startswith("paid 4,200.00 USD: provider refund re_")
+    assert len(shown.stdout.splitlines()) < 30 and "{" not in shown.stdout
+    whole = cli(env, "status", "cli-refund-0001", "--json")
+    record = json.loads(whole.stdout)
+    assert record["status"] == "completed" and record["steps"] and record["workflows"]
+    assert cli(env, "status", "no-such-refund").returncode == 1
 
 
 def test_cli_refuses_bad_input_with_a_message(env: Env, service: runtime.Runtime, tmp_path: Path) -> None:

@@ -22,9 +22,9 @@ from joserfc import jwt
 from joserfc.errors import JoseError
 from joserfc.jwk import KeySet
 
-from agent.identity import ROLES, Role
+from agent.identity import OIDC_PREFIX, ROLES, Role
 
-OPERATOR_PREFIX = "oidc."
+OPERATOR_PREFIX = OIDC_PREFIX
 """The names of operators who sign in through the provider start with this (local operators' may not)."""
 _SAFE_SUBJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,89}$")
 ALGORITHMS = ["RS256", "RS384", "RS512", "PS256", "ES256", "ES384", "EdDSA"]

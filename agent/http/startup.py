@@ -62,6 +62,19 @@ class Server(uvicorn.Server):
         if self.started and facts is not None:
             announce(ready_lines(self.settings, facts), json=self.settings.refund_agent_log_format == "json")
 
+    async def shutdown(self, sockets: Any = None) -> None:
+        """Say that it stops and what it waits for, then that it stopped (uvicorn's own lines are quiet)."""
+        facts: StartupFacts | None = getattr(self.app.state, "startup_facts", None)
+        as_json = self.settings.refund_agent_log_format == "json"
+        announce([stopping_line(self.settings, worker=facts is not None and facts.worker)], json=as_json)
+        await super().shutdown(sockets)
+        announce(["refund-agent stopped"], json=as_json)
+
+
+def stopping_line(settings: Settings, *, worker: bool) -> str:
+    waits = f"; refunds in flight get {settings.shutdown_timeout_seconds}s to finish" if worker else ""
+    return f"refund-agent stopping: no new requests{waits}"
+
 
 def announce(lines: list[str], *, json: bool) -> None:
     if json:

@@ -23,7 +23,12 @@ def on_config(config: Any) -> Any:
     if TARGET not in [str(script) for script in config.extra_javascript]:
         config.extra_javascript.append(TARGET)
     if not SOURCE.exists():
-        log.warning("%s is missing: run `npm ci --prefix docs` (diagrams would load nothing)", SOURCE)
+        log.warning(
+            "the Mermaid the site serves (%s) is not installed: run `npm ci --prefix docs --no-audit --no-fund` "
+            "from the repository root once, then build again (docs/package.json pins it; without it the "
+            "diagrams would draw nothing)",
+            SOURCE.relative_to(ROOT),
+        )
     return config
 
 
