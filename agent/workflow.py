@@ -95,30 +95,25 @@ async def to_a_person(
     a person decides on the order's facts instead, reading why; the customer is told it is being reviewed. Nothing is
     paid without that person, and what policy refuses on the order's facts alone is refused as ever."""
     log.error("refund %s: the model could not decide, sent to a person: %s", refund_id, why)
-    if snapshot is None:
-        detail = f"refuse: the order does not exist ({why})"
-        return await finish(refund_id, Phase.REJECTED, detail, reply=replies.refused(Decimal(0), req.currency or "USD",
-                            ["the order does not exist"]), usage=usage_record(usage, rt.model_label))  # fmt: skip
-    order = snapshot.order
-    refundable = policy.refundable(order, snapshot.as_of, rt.limits.window_days)
-    amount = min(req.amount, refundable) if req.amount is not None else refundable
+    if snapshot is None:  # policy refuses: the order does not exist
+        amount, currency = req.amount or Decimal(0), req.currency or "USD"
+    else:
+        refundable = policy.refundable(snapshot.order, snapshot.as_of, rt.limits.window_days)
+        amount = min(req.amount, refundable) if req.amount is not None else refundable
+        currency = snapshot.order.currency
     reason = f"No proposal: {why}. The amount is what the customer asked for, at most what is refundable; decide it."
-    proposal = RefundProposal(
-        amount=amount, currency=order.currency, reason=reason, customer_reply="", category="other"
-    )
+    proposal = RefundProposal(amount=amount, currency=currency, reason=reason, customer_reply="", category="other")
     verdict = policy_verdict(proposal, snapshot, rt.limits, requested=req.amount)
+    if verdict.kind != "refuse":  # the order's facts alone may refuse; nothing else is decided without a person
+        verdict = verdict.model_copy(update={"kind": "needs_approval", "reasons": (why, *verdict.reasons)})
     record: dict[str, Any] = {
         "proposal": proposal.model_dump(mode="json"),
+        "verdict": verdict.model_dump(mode="json"),
         "model": rt.model_label,
         "usage": usage_record(usage, rt.model_label),
     }
-    if verdict.kind == "refuse":  # the order's facts decide without the model
-        reply = replies.refused(verdict.amount, verdict.currency, verdict.reasons)
-        record["verdict"] = verdict.model_dump(mode="json")
-        await call(record_refusal_step, refund_id, **record, detail=verdict.summary, reply=reply)
-        return {"refund_id": refund_id, "status": Phase.REJECTED.value, "detail": verdict.summary}
-    verdict = verdict.model_copy(update={"kind": "needs_approval", "reasons": (why, *verdict.reasons)})
-    record["verdict"] = verdict.model_dump(mode="json")
+    if verdict.kind == "refuse":
+        return await refuse(refund_id, verdict, record)
     return await park(rt, refund_id, verdict, proposal, record)
 
 
@@ -182,14 +177,21 @@ async def act_on(
         return await pay(rt, refund_id, verdict.amount, verdict.currency, plan, draft=proposal.customer_reply)
     # A refusal tells the customer why in plain words (or, where the evidence decided, policy's note): the model's
     # draft was written before policy judged it and may promise a review that never comes.
-    reply = verdict.customer_note or replies.refused(verdict.amount, verdict.currency, verdict.reasons)
     if verdict.kind == "refuse" and legacy:  # as recorded before record_refusal: two steps
         await call(record_verdict_step, refund_id, **record)
+        reply = verdict.customer_note or replies.refused(verdict.amount, verdict.currency, verdict.reasons)
         return await finish(refund_id, Phase.REJECTED, verdict.summary, reply=reply)
-    if verdict.kind == "refuse":  # the verdict, the outcome and the customer's message commit together
-        await call(record_refusal_step, refund_id, **record, detail=verdict.summary, reply=reply)
-        return {"refund_id": refund_id, "status": Phase.REJECTED.value, "detail": verdict.summary}
+    if verdict.kind == "refuse":
+        return await refuse(refund_id, verdict, record)
     return await park(rt, refund_id, verdict, proposal, record)
+
+
+async def refuse(refund_id: str, verdict: Verdict, record: dict[str, Any]) -> dict[str, Any]:
+    """Policy refused: the verdict, the outcome and the customer's message (why, in plain words, or where the
+    evidence decided, policy's note) commit together."""
+    reply = verdict.customer_note or replies.refused(verdict.amount, verdict.currency, verdict.reasons)
+    await call(record_refusal_step, refund_id, **record, detail=verdict.summary, reply=reply)
+    return {"refund_id": refund_id, "status": Phase.REJECTED.value, "detail": verdict.summary}
 
 
 def evidence_decided(proposal: RefundProposal, verdict: Verdict) -> RefundProposal:

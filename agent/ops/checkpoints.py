@@ -262,12 +262,11 @@ class CheckpointSerializer(Serializer):
         return json.dumps(_encode(data), separators=(",", ":"), ensure_ascii=False)
 
     def deserialize(self, serialized_data: str) -> Any:
-        if serialized_data[:1] in ("{", "[", '"') or serialized_data in ("null", "true", "false"):
-            return _decode(json.loads(serialized_data))
         try:
-            return _decode(json.loads(serialized_data))  # a bare number
-        except ValueError:
+            data = json.loads(serialized_data)
+        except ValueError:  # base64 is never JSON: a pickle an older release wrote
             return legacy_loads(serialized_data)
+        return _decode(data)
 
 
 SERIALIZER = CheckpointSerializer()
