@@ -9,7 +9,8 @@ decided, policy's own note is the message.
 The model's draft (``RefundProposal.customer_reply``) is sent only when it fits the outcome: the refund was paid
 at once (``auto_approve``), and the draft names the amount paid and no other (a draft never promises money that
 was not paid), says the money is refunded, and promises no review, approval or wait (``draft_fits``). Every other
-message is ours. Amounts go through ``steps.records.format_money``. Pure: no I/O.
+message is ours. A refusal names the amount the customer asked for, a payment the amount paid, and no message
+names 0.00 as a refund. Amounts go through ``steps.records.format_money``. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -89,11 +90,13 @@ def paid(amount: Decimal, currency: str) -> str:
     )
 
 
-def refused(amount: Decimal, currency: str, reasons: Iterable[str]) -> str:
-    """Policy refused: why, in plain words (never policy's internal strings)."""
+def refused(amount: Decimal | None, currency: str, reasons: Iterable[str]) -> str:
+    """Policy refused ``amount`` (the amount asked): why, in plain words (never policy's internal strings). Without
+    an amount above zero (the customer named none, and nothing was refundable) it names no amount: a customer
+    never reads that we cannot refund 0.00."""
     why = "; ".join(plain_reasons(reasons))
-    money = format_money(amount, currency)
-    return f"We are sorry: we cannot refund {money} on this order because {why}. {ANOTHER_LOOK}"
+    what = format_money(amount, currency) if amount is not None and amount > 0 else "anything"
+    return f"We are sorry: we cannot refund {what} on this order because {why}. {ANOTHER_LOOK}"
 
 
 def waiting(amount: Decimal, currency: str, by: datetime) -> str:

@@ -179,7 +179,7 @@ async def act_on(
     # draft was written before policy judged it and may promise a review that never comes.
     if verdict.kind == "refuse" and legacy:  # as recorded before record_refusal: two steps
         await call(record_verdict_step, refund_id, **record)
-        reply = verdict.customer_note or replies.refused(verdict.amount, verdict.currency, verdict.reasons)
+        reply = verdict.customer_note or replies.refused(amount_asked(verdict), verdict.currency, verdict.reasons)
         return await finish(refund_id, Phase.REJECTED, verdict.summary, reply=reply)
     if verdict.kind == "refuse":
         return await refuse(refund_id, verdict, record)
@@ -189,9 +189,15 @@ async def act_on(
 async def refuse(refund_id: str, verdict: Verdict, record: dict[str, Any]) -> dict[str, Any]:
     """Policy refused: the verdict, the outcome and the customer's message (why, in plain words, or where the
     evidence decided, policy's note) commit together."""
-    reply = verdict.customer_note or replies.refused(verdict.amount, verdict.currency, verdict.reasons)
+    reply = verdict.customer_note or replies.refused(amount_asked(verdict), verdict.currency, verdict.reasons)
     await call(record_refusal_step, refund_id, **record, detail=verdict.summary, reply=reply)
     return {"refund_id": refund_id, "status": Phase.REJECTED.value, "detail": verdict.summary}
+
+
+def amount_asked(verdict: Verdict) -> Decimal:
+    """The amount a refusal names: what the customer asked for, else the amount policy judged (0 when nothing was
+    refundable, which agent/replies.py never writes as an amount)."""
+    return verdict.requested if verdict.requested is not None else verdict.amount
 
 
 def evidence_decided(proposal: RefundProposal, verdict: Verdict) -> RefundProposal:
@@ -280,18 +286,20 @@ async def pay(
     rt: Runtime, refund_id: str, amount: Decimal, currency: str, plan: PaymentPlan, *, draft: str | None
 ) -> dict[str, Any]:
     """Re-check against the order as reserved and the amount the customer asked for, pay with the request's key,
-    book it and tell the customer what was paid (the model's ``draft`` only where it fits, agent/replies.py)."""
+    book it and tell the customer what was paid (the model's ``draft`` only where it fits, agent/replies.py); a
+    refusal names the amount the customer asked for (``amount`` when they named none)."""
+    asked = plan.requested if plan.requested is not None else amount
     if plan.snapshot is None:
         phase = Phase.REJECTED if plan.refusal else Phase.FAILED
         detail = plan.refusal or "the order disappeared"
-        return await finish(refund_id, phase, detail, reply=replies.refused(amount, currency, [detail]))
+        return await finish(refund_id, phase, detail, reply=replies.refused(asked, currency, [detail]))
     order, as_of = plan.snapshot.order, plan.snapshot.as_of
     recheck = policy.recheck(
         amount=amount, currency=currency, order=order, as_of=as_of, limits=rt.limits, requested=plan.requested
     )
     if recheck.kind == "refuse":
         detail = f"re-check before paying: {recheck.summary}"
-        return await finish(refund_id, Phase.REJECTED, detail, reply=replies.refused(amount, currency, recheck.reasons))
+        return await finish(refund_id, Phase.REJECTED, detail, reply=replies.refused(asked, currency, recheck.reasons))
     try:
         payment = await call(
             issue_refund_step,
@@ -304,7 +312,7 @@ async def pay(
         )
     except ChargeDisputed as error:  # the dispute decides: a refusal, and the customer is told why
         detail = f"the payment provider refused: {error}; the open dispute decides"
-        return await finish(refund_id, Phase.REJECTED, detail, reply=replies.refused(amount, currency, [detail]))
+        return await finish(refund_id, Phase.REJECTED, detail, reply=replies.refused(asked, currency, [detail]))
     except Exception as error:  # the provider refused or stayed down through every retry
         log.error("refund %s: payment failed: %s", refund_id, describe_failure(error))
         key = idempotency_key(refund_id, order.order_id)

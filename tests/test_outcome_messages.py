@@ -85,6 +85,18 @@ def test_an_open_dispute_tells_the_customer_the_dispute_decides(env: Env, client
     refund_id = submit(client, "told-dispute-01", "ord_1017", "I don't recognise this charge.")
     sent = told(client, refund_id)
     assert "dispute" in sent and not REVIEWING.search(sent)
+    assert "0.00" not in sent  # nothing is refundable: the message names no amount rather than 0.00
+
+
+def test_a_refusal_of_the_disputed_order_names_the_amount_asked_never_0_00(env: Env, client: DBOSClient) -> None:
+    """ord_1004's charge is disputed, so nothing is refundable: the customer reads the amount they asked for."""
+    asked = submit(client, "told-disputed-asked", "ord_1004", "Refund the headphones.", amount=Decimal("60.00"))
+    sent = told(client, asked)
+    assert "we cannot refund 60.00 USD on this order because a dispute about this payment is open" in sent
+    assert "0.00 USD" not in sent.replace("60.00 USD", "")
+    named_none = submit(client, "told-disputed-none", "ord_1004", "Refund the headphones.")
+    sent = told(client, named_none)
+    assert "we cannot refund anything on this order because a dispute" in sent and "0.00" not in sent
 
 
 def test_a_parked_refund_tells_the_customer_by_when_then_a_person_s_no_is_told_plainly(

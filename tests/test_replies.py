@@ -30,6 +30,13 @@ def test_every_message_shows_the_amount_as_format_money_does(amount: str, curren
     assert f"could not confirm your refund of {shown} in time" in replies.expired(value, currency)
 
 
+@pytest.mark.parametrize("nothing", [Decimal(0), Decimal("0.00"), None])
+def test_a_refusal_with_no_amount_asked_or_refundable_never_reads_0_00(nothing: Decimal | None) -> None:
+    """The customer named no amount and nothing was refundable (a disputed order): no 0.00 in their message."""
+    text = replies.refused(nothing, USD, ["the order is disputed; refunds go through the dispute"])
+    assert "we cannot refund anything on this order because a dispute" in text and "0.00" not in text
+
+
 REFUSALS = [
     # policy's reason (agent/policy.py, evidence_policy.py) -> what the customer reads
     ("amount 12000.00 is above the absolute cap of 10000.00 USD", "more than we can refund for a single request"),
