@@ -9,8 +9,9 @@ something is running, stopped, or finished and with which outcome.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -22,6 +23,7 @@ from agent.settlement import settlement_prefix
 from steps.notify import customer_message
 from steps.records import from_minor
 from steps.refunds import approval_request, recorded_decision
+from steps.settlement import amounts_paid
 from steps.store import app_db, refunds, utc
 
 if TYPE_CHECKING:
@@ -126,6 +128,18 @@ def _timer(workflows: list[WorkflowStatus], workflow_id: str) -> dict[str, Any] 
     return {"workflow_id": wf.workflow_id, "status": wf.status, "due_at": _ms(wf.delay_until_epoch_ms)}
 
 
+def minor_text(minor: int | None, currency: str | None) -> str | None:
+    """An amount stored in minor units as the API gives money (``"300.00"``); None when there is none."""
+    return str(from_minor(minor, currency)) if minor is not None and currency else None
+
+
+def amounts_refunded(conn: sa.Connection, rows: Iterable[Any]) -> dict[str, Decimal]:
+    """What each of the refunds' ``rows`` paid, in one read: the amount booked when it completed. A refund not in
+    the answer paid nothing (not yet, refused, failed, or reversed): never a 0 that reads as a refund."""
+    held = {r.refund_id: (r.provider_refund_id, r.currency) for r in rows if r.status == "completed"}
+    return amounts_paid(conn, held)
+
+
 def usage_view(row: Any, prices: Mapping[str, ModelPrice] | None) -> dict[str, Any] | None:
     """What deciding the refund cost at the model; with a price for the model, in money too."""
     if row is None or row.model_requests is None:
@@ -150,6 +164,7 @@ def refund_status(
         decision = recorded_decision(conn, refund_id)
         request = approval_request(conn, refund_id)
         message = customer_message(conn, refund_id)
+        paid = amounts_refunded(conn, [row] if row else []).get(refund_id)
     workflows = workflows_of(client, refund_id)
     if row is None and not workflows:
         return None
@@ -165,6 +180,8 @@ def refund_status(
         "requested_by": row.requested_by if row else None,
         "requester_operator": row.requester_operator if row else None,
         "amount": str(from_minor(amount_minor, currency)) if amount_minor is not None and currency else None,
+        "amount_requested": minor_text(row.requested_amount_minor, currency) if row else None,
+        "amount_refunded": str(paid) if paid is not None else None,
         "currency": currency,
         "verdict": row.verdict if row else None,
         "reason": row.reason if row else None,

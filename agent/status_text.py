@@ -14,6 +14,9 @@ from typing import Any
 
 from steps.records import AuditEntry, format_money
 
+#: The phases in which a refund has ended (``agent.status.FINAL``): what it paid by then is all it pays.
+FINAL = ("completed", "rejected", "failed", "cancelled")
+
 #: At most this many characters of a free-text detail (a reason, a refusal) on one line.
 DETAIL_CHARS = 100
 
@@ -91,15 +94,15 @@ def summary_lines(status: Mapping[str, Any], events: list[AuditEntry]) -> list[s
     received = by_event.get("request_received")
     approval = status.get("approval") or {}
     rows = [("phase", str(status["status"])), ("outcome", _outcome(status))]
-    if received is not None:
-        asked = received.get("requested")
+    if received is not None or status.get("amount_requested"):  # the refund's own fields: the API's named amounts
+        asked = status.get("amount_requested")
         rows.append(("asked", _money(asked, currency) if asked else "the order's refundable balance"))
     if "agent_proposed" in by_event:
         rows.append(("proposed", _money(by_event["agent_proposed"].get("amount"), currency)))
     if approval.get("approved_amount"):
         rows.append(("approved", f"{_money(approval['approved_amount'], currency)} by {approval.get('approver')}"))
-    if "refund_paid" in by_event:
-        rows.append(("paid", _money(by_event["refund_paid"].get("amount"), currency)))
+    paid = status.get("amount_refunded")
+    rows.append(("paid", _money(paid, currency) if paid else "none" if status["status"] in FINAL else "nothing yet"))
     request = approval.get("request")
     if status["status"] == "awaiting_approval" and request:
         rows.append(("waiting", f"for a person's decision until {_when(request['expires_at'])}"))

@@ -24,6 +24,7 @@ from agent.status_text import timeline_lines
 from agent.submit import Submission, submit_refund
 from steps import audit, notify
 from steps.orders import get_order
+from steps.records import format_money
 from steps.refunds import Requester
 from steps.seed import seed
 from steps.store import app_db, close_app_database, open_app_database
@@ -167,7 +168,9 @@ class Demo:
             return status if status and status["status"] in ("completed", "failed", "rejected") else None
 
         status: dict[str, Any] = wait_for(done, timeout=60, what="the refund to complete")
-        self.say(f"refund {status['status']}: provider refund {status['payment']['provider_refund_id']}")
+        paid = status["amount_refunded"]  # what was paid, named apart from what was asked (amount_requested)
+        shown = format_money(Decimal(paid), status["currency"]) if paid else "nothing"
+        self.say(f"refund {status['status']}: {shown} paid, provider refund {status['payment']['provider_refund_id']}")
         if status.get("usage"):
             usage = status["usage"]
             self.say(

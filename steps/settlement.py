@@ -14,9 +14,9 @@ re-read from the provider, and judged again under the row's lock right before it
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -83,17 +83,26 @@ def _booked(
     conn: sa.Connection | Session, refund_id: str, provider_refund_id: str | None, currency: str
 ) -> Decimal | None:
     """The amount booked against the order for ``provider_refund_id``, from the refund's ``refund_paid`` entry."""
+    return amounts_paid(conn, {refund_id: (provider_refund_id, currency)}).get(refund_id)
+
+
+def amounts_paid(conn: sa.Connection | Session, held: Mapping[str, tuple[str | None, str]]) -> dict[str, Decimal]:
+    """What each refund paid: ``held`` maps a completed refund's id to the provider refund and currency its row
+    holds; the answer has the amount of its last ``refund_paid`` entry when that entry is for them (the row keeps
+    no amount once paid). A refund missing from the answer paid nothing: never a 0."""
+    if not held:
+        return {}
     query = (
-        sa.select(audit_log.c.payload)
-        .where(audit_log.c.refund_id == refund_id, audit_log.c.event == "refund_paid")
-        .order_by(audit_log.c.seq.desc())
-        .limit(1)
+        sa.select(audit_log.c.refund_id, audit_log.c.payload)
+        .where(audit_log.c.refund_id.in_(list(held)), audit_log.c.event == "refund_paid")
+        .order_by(audit_log.c.seq)
     )
-    payload = conn.execute(query).scalar_one_or_none()
-    paid: dict[str, Any] = json.loads(payload) if payload else {}
-    if paid.get("provider_refund_id") != provider_refund_id or paid.get("currency") != currency:
-        return None
-    return Decimal(str(paid["amount"]))
+    last = {row.refund_id: json.loads(row.payload) for row in conn.execute(query)}  # the newest entry wins
+    paid: dict[str, Decimal] = {}
+    for refund_id, entry in last.items():
+        if (entry.get("provider_refund_id"), entry.get("currency")) == held[refund_id]:
+            paid[refund_id] = Decimal(str(entry["amount"]))
+    return paid
 
 
 def provider_view(conn: sa.Connection, refund_id: str) -> SettlingPayment | None:

@@ -104,6 +104,7 @@ def test_a_generated_client_submits_follows_lists_and_approves_refunds(env: Env,
             assert again.status_code == 200 and again.parsed.refund_id == "generated-paid-1"
             done = reaches(helpdesk, "generated-paid-1", "completed")
             assert (done.amount, done.currency) == ("42.00", "USD")
+            assert (done.amount_requested, done.amount_refunded) == ("42.00", "42.00")  # asked and paid, named
             assert done.payment.provider_refund_id == env.sandbox.refunds("ch_ord_1001")[0]["id"]
 
             # A big refund waits for a person; the approvals desk approves it through the client.
@@ -118,6 +119,8 @@ def test_a_generated_client_submits_follows_lists_and_approves_refunds(env: Env,
 
             listed = list_refunds.sync(client=approver, limit=10)
             assert sorted(item.refund_id for item in listed.items) == ["generated-big-01", "generated-paid-1"]
+            big = next(item for item in listed.items if item.refund_id == "generated-big-01")
+            assert (big.amount_requested, big.amount_refunded) == (None, asked)  # no amount named; paid in full
             orders = get_orders.sync(client=helpdesk, limit=100)
             assert {o.order_id: o.refundable for o in orders.items}["ord_1001"] == "0.00"
 

@@ -182,11 +182,11 @@ def test_the_demo_yen_order_is_paid_as_about_100_usd_and_shown_without_decimals(
     [paid] = env.sandbox.refunds("ch_ord_1006")
     assert (paid["amount"], paid["currency"]) == (15000, "jpy")
     status = refund_status(client, refund_id)
-    assert status is not None and status["amount"] == "15000"
+    assert status is not None and status["amount"] == "15000" and status["amount_refunded"] == "15000"
     text = shown(client, refund_id)
     assert "15000" in text and not re.search(r"15,?000\.0", text), text
     [row], _ = list_refunds(RefundFilter(order="ord_1006"))
-    assert row["money"] == "15,000 JPY"
+    assert (row["asked"], row["paid"]) == (None, "15,000 JPY")  # no amount named; paid in whole yen
     with pytest.raises(SubmissionError, match="JPY has no minor unit"):
         submit(client, "money-jpy-0002", "ord_1006", amount=Decimal("10.5"))
 
@@ -198,6 +198,7 @@ def test_a_three_decimal_order_round_trips_through_policy_payment_and_display(en
     assert (paid["amount"], paid["currency"]) == (1250, "kwd")  # fils, a multiple of 10 as Stripe wants
     status = refund_status(client, small)
     assert status is not None and status["amount"] == "1.250"
+    assert (status["amount_requested"], status["amount_refunded"]) == ("1.250", "1.250")
     assert any("1.250 KWD" in body for body in sent(small)) or "1.250" in shown(client, small)
 
     large = submit(client, "money-kwd-0002", "ord_1018", "It is broken.", amount=Decimal("40"))

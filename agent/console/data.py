@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from dbos import DBOSClient, WorkflowStatus
 
 from agent.console.phases import PHASES, phase_of, where_phase
-from agent.status import refund_status, speaking, step_timeline, workflows_of
+from agent.status import amounts_refunded, refund_status, speaking, step_timeline, workflows_of
 from steps import audit
 from steps.payments import idempotency_key
 from steps.records import AuditEntry, format_moment, format_money, from_minor
@@ -129,16 +129,18 @@ def list_refunds(flt: RefundFilter) -> tuple[list[dict[str, Any]], bool]:
     query = query.offset((flt.page - 1) * PAGE_SIZE).limit(PAGE_SIZE + 1)
     with app_db().engine.connect() as conn:
         rows = list(conn.execute(query))
+        paid = amounts_refunded(conn, rows[:PAGE_SIZE])
     items = []
     for row in rows[:PAGE_SIZE]:
-        minor = row.proposed_amount_minor or row.requested_amount_minor
+        asked = row.requested_amount_minor
         items.append(
             {
                 "refund_id": row.refund_id,
                 "phase": phase_of(row.status, row.decision),
                 "order_id": row.order_id,
                 "customer": row.customer or "?",
-                "money": format_money(from_minor(minor, row.currency), row.currency) if minor else "-",
+                "asked": format_money(from_minor(asked, row.currency), row.currency) if asked is not None else None,
+                "paid": format_money(paid[row.refund_id], row.currency) if row.refund_id in paid else None,
                 "created_at": utc(row.created_at).strftime("%Y-%m-%d %H:%M"),
             }
         )

@@ -21,7 +21,7 @@ from agent.http.problems import Problem, describe
 from agent.http.refund_input import RefundIn
 from agent.http.views import OrderPage, RefundPage, RefundView, Status
 from agent.services import Services, ServicesDep
-from agent.status import refund_status, rfc3339
+from agent.status import amounts_refunded, minor_text, refund_status, rfc3339
 from agent.submit import KEY_PATTERN, SubmissionError, submit_refund
 from steps.orders import list_orders
 from steps.records import ApiClient, from_minor, quantize
@@ -202,7 +202,8 @@ def list_refunds(
         )
     with app_db().engine.connect() as conn:
         rows = list(conn.execute(query))
-    page = rows[:limit]
+        page = rows[:limit]
+        paid = amounts_refunded(conn, page)
     items = [
         {
             "refund_id": r.refund_id,
@@ -212,6 +213,8 @@ def list_refunds(
             "amount": str(from_minor(m, r.currency))
             if (m := r.proposed_amount_minor or r.requested_amount_minor)
             else None,
+            "amount_requested": minor_text(r.requested_amount_minor, r.currency),
+            "amount_refunded": str(paid[r.refund_id]) if r.refund_id in paid else None,
             "created_at": rfc3339(r.created_at),
         }
         for r in page

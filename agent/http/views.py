@@ -15,6 +15,32 @@ from steps.store import utc
 
 Timestamp = Annotated[datetime, AfterValidator(utc)]  # a stored time without a zone is UTC (SQLite keeps none)
 Money = Annotated[str, Field(description="a decimal string in the currency's minor units", examples=["42.00"])]
+#: The amount a refund was decided on, kept for clients written before the named amounts; neither what was asked
+#: nor what was paid (an approval of less pays less). Deprecated: read ``amount_requested`` and ``amount_refunded``.
+DecidedAmount = Annotated[
+    Money | None,
+    Field(
+        deprecated=True,
+        description="deprecated: the amount the refund was decided on (the agent's proposal as policy bounded it, "
+        "else the amount asked), neither what was asked nor what was paid; read `amount_requested` and "
+        "`amount_refunded`",
+    ),
+]
+AmountRequested = Annotated[
+    Money | None,
+    Field(
+        description="what the customer asked for, in `currency`; null when they named no amount (they asked for "
+        "what the order has left to refund)"
+    ),
+]
+AmountRefunded = Annotated[
+    Money | None,
+    Field(
+        description="what was paid to the customer, in `currency`: the amount booked when the refund completed, "
+        "which an approval of less makes lower than the amount asked; null until paid, and for a refund refused, "
+        "failed or reversed (never 0)"
+    ),
+]
 Status = Literal[
     "received", "deciding", "awaiting_approval", "paying", "settling", "completed", "rejected", "failed", "cancelled"
 ]
@@ -30,7 +56,9 @@ class RefundSummary(View):
     status: str
     order_id: str
     currency: str
-    amount: Money | None
+    amount: DecidedAmount
+    amount_requested: AmountRequested
+    amount_refunded: AmountRefunded
     created_at: Timestamp
 
 
@@ -165,7 +193,9 @@ class RefundView(View):
     order_id: str | None
     requested_by: str | None
     requester_operator: str | None
-    amount: Money | None
+    amount: DecidedAmount
+    amount_requested: AmountRequested
+    amount_refunded: AmountRefunded
     currency: str | None
     verdict: str | None
     reason: str | None
