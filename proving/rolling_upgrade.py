@@ -59,6 +59,9 @@ class DrillConfig:
     large_every: int = 3
     """Every this-many-th refund is large: it parks for a person, who approves it."""
     submit_interval_s: float = 0.1
+    """Each client's pause between two submissions."""
+    clients: int = 4
+    """Clients submitting at once."""
     roll_after: int = 5
     """Refunds accepted before the first process is replaced."""
     pre_stop_s: float = 2.0
@@ -202,17 +205,29 @@ class Drill:
         return None
 
     def submit_all(self, plan: Plan) -> None:
-        auth = {"Authorization": f"Bearer {self.api_token}"}
-        try:
-            for p in plan.refunds:
-                if self.stopping.wait(self.config.submit_interval_s):
-                    return
-                call = Call(time.monotonic())
-                self.submits[p.refund_id] = call
+        """``clients`` submitters at once, each taking the next refund of the plan in turn."""
+        queue = list(reversed(plan.refunds))
+
+        def submitter() -> None:
+            auth = {"Authorization": f"Bearer {self.api_token}"}
+            while not self.stopping.wait(self.config.submit_interval_s):
+                with self.lock:
+                    if not queue:
+                        return
+                    p = queue.pop()
+                    call = Call(time.monotonic())
+                    self.submits[p.refund_id] = call
                 body = {"order_id": p.order_id, "message": p.message, "amount": str(p.amount), "currency": p.currency}
                 response = self.call(call, "POST", "/refunds", {**auth, "Idempotency-Key": p.refund_id}, json=body)
                 if response is not None and response.status_code not in (200, 202):
                     self.violation(f"submitting {p.refund_id} answered {response.status_code}: {response.text[:200]}")
+
+        threads = [threading.Thread(target=submitter, daemon=True) for _ in range(self.config.clients)]
+        try:
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
         finally:
             self.submitting_done.set()
 
@@ -355,8 +370,8 @@ def run_drill(config: DrillConfig, *, say: Any = print) -> dict[str, Any]:
     from agent import runtime
     from agent.settings import Settings
 
-    if not (config.workers >= 1 and config.apis >= 1 and config.refunds >= 1 and config.large_every >= 1):
-        raise ValueError("need at least one worker, one API and one refund")
+    if min(config.workers, config.apis, config.refunds, config.large_every, config.clients) < 1:
+        raise ValueError("need at least one worker, API, refund and client")
     started = time.monotonic()
     _fresh_work_dir(config.work_dir)
     data_dir = config.work_dir.resolve() / "data"
@@ -442,7 +457,8 @@ def run_drill(config: DrillConfig, *, say: Any = print) -> dict[str, Any]:
             thread.start()
         for thread in rollers:
             thread.join()
-        roll_s = time.monotonic() - roll_started
+        roll_ended = time.monotonic()
+        roll_s = roll_ended - roll_started
         say(f"{drill.at()} rollout done in {roll_s:.1f}s; only release 2 runs")
         for thread in clients_:
             thread.join(600)
@@ -493,6 +509,9 @@ def run_drill(config: DrillConfig, *, say: Any = print) -> dict[str, Any]:
         "approval_pauses": _pauses(drill.approvals),
         "client_retries": dict(drill.counts),
         "rollout_s": round(roll_s, 1),
+        "submitted_during_rollout": sum(
+            1 for c in drill.submits.values() if roll_started <= c.first_attempt <= roll_ended
+        ),
         "processes": [
             {
                 "name": p.name,
@@ -544,7 +563,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--apis", type=int, default=2)
     p.add_argument("--refunds", type=int, default=400)
     p.add_argument("--large-every", type=int, default=3, help="every n-th refund parks for approval")
-    p.add_argument("--interval", type=float, default=0.1, help="seconds between submissions")
+    p.add_argument("--clients", type=int, default=4, help="clients submitting at once")
+    p.add_argument("--interval", type=float, default=0.1, help="each client's pause between submissions")
     p.add_argument("--pre-stop", type=float, default=2.0, help="seconds out of the endpoints before SIGTERM")
     p.add_argument("--shutdown-timeout", type=int, default=20, help="SHUTDOWN_TIMEOUT_SECONDS")
     p.add_argument("--grace", type=float, default=45.0, help="terminationGracePeriodSeconds")
@@ -563,6 +583,7 @@ def main(argv: list[str] | None = None) -> int:
         refunds=args.refunds,
         large_every=args.large_every,
         submit_interval_s=args.interval,
+        clients=args.clients,
         pre_stop_s=args.pre_stop,
         shutdown_timeout_s=args.shutdown_timeout,
         grace_s=args.grace,

@@ -23,7 +23,8 @@ def test_rolling_upgrade_loses_duplicates_and_strands_nothing(tmp_path: Path) ->
         apis=1,
         refunds=15,
         large_every=3,
-        submit_interval_s=0.2,
+        submit_interval_s=0.3,
+        clients=2,
         roll_after=3,
         pre_stop_s=0.5,
         drain_s=90.0,
@@ -41,5 +42,6 @@ def test_rolling_upgrade_loses_duplicates_and_strands_nothing(tmp_path: Path) ->
     assert report["retired_exit_codes"] == {"0": 3} and report["retired_killed_after_grace"] == 0, summary
     assert report["violations"] == [], summary
     assert report["ok"] is True
+    assert report["submitted_during_rollout"] > 0, summary  # the load overlapped the rollout
     assert report["longest_client_pause_s"] is not None
     assert (tmp_path / "report.json").exists()
