@@ -64,7 +64,7 @@ class DrillConfig:
     """Clients submitting at once."""
     roll_after: int = 5
     """Refunds accepted before the first process is replaced."""
-    pre_stop_s: float = 2.0
+    pre_stop_s: float = 5.0
     """Out of the endpoints this long before SIGTERM (the Deployment's preStop sleep)."""
     shutdown_timeout_s: int = 20
     grace_s: float = 45.0
@@ -85,7 +85,10 @@ class Process:
     url: str
     """The API's base URL, or the worker's metrics URL."""
     started: float
+    args: list[str]
+    env: dict[str, str]
     ready_s: float | None = None
+    restarts: int = 0
     exit_code: int | None = None
     drain_s: float | None = None
     killed: bool = False
@@ -117,6 +120,16 @@ class Drill:
         self.api_token = env["REFUND_AGENT_API_TOKEN"]
         self.approver_key = ""
         self._next = 0
+        self.peak_connections = 0
+
+    def sample_connections(self, admin: str, databases: list[str]) -> None:
+        """The most connections the service held on its two databases at once (sampled each second)."""
+        with psycopg.connect(admin, autocommit=True) as conn:
+            while not self.stopping.wait(1.0):
+                row = conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = ANY(%s)", (databases,)
+                ).fetchone()
+                self.peak_connections = max(self.peak_connections, int(row[0]) if row else 0)
 
     def at(self) -> str:
         return f"[{time.monotonic() - self.t0:6.1f}s]"
@@ -131,22 +144,31 @@ class Drill:
         else:
             args, url = ["worker"], f"http://127.0.0.1:{port}"
             env["REFUND_AGENT_METRICS_PORT"] = str(port)
-        process = Process(
-            name, role, release, spawn(args, env=env, log=self.logs / f"{name}.log"), url, time.monotonic()
-        )
+        proc = spawn(args, env=env, log=self.logs / f"{name}.log")
+        process = Process(name, role, release, proc, url, time.monotonic(), args, env)
         with self.lock:
             self.processes.append(process)
         return process
 
     def wait_ready(self, process: Process) -> None:
+        """Until the readiness probe answers; a process that exits first is started again, as its pod's container
+        would be (same name, so the same executor id), after a pause that doubles each time."""
         probe = f"{process.url}/readyz" if process.role == "api" else f"{process.url}/healthz"
+        backoff = 1.0
 
         def ready() -> bool:
+            nonlocal backoff
             if process.proc.poll() is not None:
-                raise RuntimeError(f"{process.name} exited with {process.proc.returncode} before it was ready")
+                process.restarts += 1
+                self.counts[f"restarts_before_ready:{process.proc.returncode}"] += 1
+                self.say(f"{self.at()} {process.name} exited {process.proc.returncode} before it was ready; restarting")
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 10.0)
+                process.proc = spawn(process.args, env=process.env, log=self.logs / f"{process.name}.log")
+                return False
             return http_ok(probe)
 
-        wait_for(ready, timeout=120, what=f"{process.name} to be ready", interval=0.2)
+        wait_for(ready, timeout=300, what=f"{process.name} to be ready", interval=0.2)
         process.ready_s = round(time.monotonic() - process.started, 2)
         if process.role == "api":
             with self.lock:
@@ -175,7 +197,11 @@ class Drill:
             if self.stopping.is_set():
                 return
             new = self.launch(role, i, release=2)
-            self.wait_ready(new)
+            try:
+                self.wait_ready(new)
+            except TimeoutError as error:  # the rollout stalls here, as past progressDeadlineSeconds
+                self.violation(f"rollout of {role} stalled: {error}")
+                return
             time.sleep(0.5)  # minReadySeconds, scaled down
             self.retire(previous)
             self.say(f"{self.at()} {previous.name} -> {new.name}: new ready in {new.ready_s}s, old exited "
@@ -314,8 +340,12 @@ def _plan(config: DrillConfig) -> Plan:
     return Plan(seed=0, limits=Limits(), refunds=refunds, kills=(), pg_restart_after=None, payment_fault_seed=0)
 
 
+def _admin(url: str) -> str:
+    return url.replace("postgresql+psycopg://", "postgresql://")
+
+
 def _databases(admin: str, tag: str) -> tuple[str, str, list[str]]:
-    admin = admin.replace("postgresql+psycopg://", "postgresql://")
+    admin = _admin(admin)
     names = [f"rolling_{tag}_sys", f"rolling_{tag}_app"]
     with psycopg.connect(admin, autocommit=True) as conn:
         for name in names:
@@ -325,7 +355,7 @@ def _databases(admin: str, tag: str) -> tuple[str, str, list[str]]:
 
 
 def _drop(admin: str, names: list[str]) -> None:
-    with psycopg.connect(admin.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as conn:
+    with psycopg.connect(_admin(admin), autocommit=True) as conn:
         for name in names:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
@@ -439,6 +469,10 @@ def run_drill(config: DrillConfig, *, say: Any = print) -> dict[str, Any]:
             drill.wait_ready(process)
         say(f"{drill.at()} release 1 ready: {', '.join(p.name for p in drill.processes)}")
 
+        sampler = threading.Thread(
+            target=drill.sample_connections, args=(_admin(config.postgres_url), names), name="sampler", daemon=True
+        )
+        sampler.start()
         clients_ = [
             threading.Thread(target=drill.submit_all, args=(plan,), name="submitter", daemon=True),
             threading.Thread(target=drill.approve_all, args=(large,), name="approver", daemon=True),
@@ -459,7 +493,7 @@ def run_drill(config: DrillConfig, *, say: Any = print) -> dict[str, Any]:
             thread.join()
         roll_ended = time.monotonic()
         roll_s = roll_ended - roll_started
-        say(f"{drill.at()} rollout done in {roll_s:.1f}s; only release 2 runs")
+        say(f"{drill.at()} rollout ended after {roll_s:.1f}s")
         for thread in clients_:
             thread.join(600)
         submitted = list(drill.submits)
@@ -507,7 +541,8 @@ def run_drill(config: DrillConfig, *, say: Any = print) -> dict[str, Any]:
         "provider_refunds_of_no_submitted_refund": len(stray),
         "submit_pauses": _pauses(drill.submits),
         "approval_pauses": _pauses(drill.approvals),
-        "client_retries": dict(drill.counts),
+        "counts": dict(drill.counts),
+        "peak_database_connections": drill.peak_connections,
         "rollout_s": round(roll_s, 1),
         "submitted_during_rollout": sum(
             1 for c in drill.submits.values() if roll_started <= c.first_attempt <= roll_ended
@@ -519,6 +554,7 @@ def run_drill(config: DrillConfig, *, say: Any = print) -> dict[str, Any]:
                 "exit_code": p.exit_code,
                 "drain_s": p.drain_s,
                 "killed_after_grace": p.killed,
+                "restarts_before_ready": p.restarts,
                 "rss_kib_at_stop": p.rss_kib,
             }
             for p in drill.processes
@@ -565,7 +601,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--large-every", type=int, default=3, help="every n-th refund parks for approval")
     p.add_argument("--clients", type=int, default=4, help="clients submitting at once")
     p.add_argument("--interval", type=float, default=0.1, help="each client's pause between submissions")
-    p.add_argument("--pre-stop", type=float, default=2.0, help="seconds out of the endpoints before SIGTERM")
+    p.add_argument("--pre-stop", type=float, default=5.0, help="seconds out of the endpoints before SIGTERM")
     p.add_argument("--shutdown-timeout", type=int, default=20, help="SHUTDOWN_TIMEOUT_SECONDS")
     p.add_argument("--grace", type=float, default=45.0, help="terminationGracePeriodSeconds")
     p.add_argument("--dir", default=".refund-agent/rolling-upgrade", help="work directory (logs, sandbox ledger)")
