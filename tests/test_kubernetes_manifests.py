@@ -20,7 +20,7 @@ import yaml
 from pydantic import SecretStr
 
 from agent.cli import parser
-from agent.http.server import create_app
+from agent.http.server import HTTP_SHUTDOWN_TIMEOUT_SECONDS, create_app
 from agent.settings import Settings
 from tests.test_docker import instructions
 
@@ -194,7 +194,8 @@ def test_grace_period_outlasts_the_drain_on_sigterm() -> None:
         (container,) = pod["containers"]
         pre_stop = container.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
         sleep = int(pre_stop[1]) if pre_stop[:1] == ["sleep"] else 0
-        needed = sleep + shutdown.shutdown_timeout_seconds + TEARDOWN_ALLOWANCE_S
+        http = HTTP_SHUTDOWN_TIMEOUT_SECONDS if container["command"][1] == "serve" else 0  # open requests first
+        needed = sleep + http + shutdown.shutdown_timeout_seconds + TEARDOWN_ALLOWANCE_S
         assert pod["terminationGracePeriodSeconds"] >= needed, (name, needed)
     # The API keeps answering while the Service stops routing to it: SIGTERM comes after the preStop sleep.
     api = one("Deployment", "refund-agent-api")["spec"]["template"]["spec"]["containers"][0]
