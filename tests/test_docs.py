@@ -91,6 +91,7 @@ class Elsewhere:
 
 _CI_INSTALL = Elsewhere(".ci/run", ("pip install -q -e '.[dev,bench]'",), "CI installs the project editable, with more")
 _DBOS_CLI = Elsewhere("tests/test_dbos_cli.py")
+_DRILL = Elsewhere("tests/test_rolling_upgrade.py", ("run_drill(", "workers=", "refunds=", "out="), "small size")
 
 #: (b) Commands a test file or CI script runs.
 RUN_ELSEWHERE: dict[str, Elsewhere] = {
@@ -102,6 +103,7 @@ RUN_ELSEWHERE: dict[str, Elsewhere] = {
     "apt-get install -y chromium": Elsewhere(".ci/run"),
     "npm ci --prefix docs --no-audit --no-fund": Elsewhere(".ci/run", ("npm ci --prefix docs --no-audit --no-fund",)),
     "refund-agent serve --no-worker": Elsewhere("tests/scale_cluster.py"),
+    "python -m proving.rolling_upgrade --postgres-url <> --workers 4 --refunds 400 --out report.json": _DRILL,
     "refund-agent clients add helpdesk --scopes refunds:create,refunds:read --key-file helpdesk.key": Elsewhere(
         "docs/getting-started.md",
         ("refund-agent clients add helpdesk --scopes refunds:create,refunds:read --key-file",),
@@ -153,6 +155,7 @@ _NEEDS_PYTHON_312 = (
     " test_checkpoint_format.py"
 )
 _NO_DOCKER = "no Docker engine where the tests run; tests/test_docker.py checks compose.yaml and the image's command"
+_NO_CLUSTER = "no Kubernetes cluster where the tests run; tests/test_kubernetes_manifests.py validates the manifests"
 _BY_HAND = "mutation testing runs by hand or on a schedule (about 40 minutes), never in CI"
 
 #: (c) Commands that cannot run where the tests run, and why.
@@ -161,6 +164,13 @@ NOT_RUNNABLE_HERE: dict[str, str] = {
     "docker compose up --build -d": _NO_DOCKER,
     "docker compose run --rm migrate refund-agent seed": _NO_DOCKER,
     "docker compose up -d --scale worker-2=0": _NO_DOCKER,
+    "kubectl apply -f deploy/kubernetes/namespace.yaml": _NO_CLUSTER,
+    "kubectl -n refund-agent create secret generic refund-agent-secrets --from-env-file=<>": _NO_CLUSTER,
+    "kubectl -n refund-agent delete job refund-agent-migrate --ignore-not-found": _NO_CLUSTER,
+    "kubectl apply -f deploy/kubernetes/migrate-job.yaml": _NO_CLUSTER,
+    "kubectl -n refund-agent wait --for=condition=complete --timeout=600s job/refund-agent-migrate": _NO_CLUSTER,
+    "kubectl apply -k deploy/kubernetes": _NO_CLUSTER,
+    "kubectl -n refund-agent rollout status deployment/refund-agent-worker": _NO_CLUSTER,
     "pip install -e '.[dev,mutation]'": _BY_HAND,
     "bash tests/mutation/run.sh": _BY_HAND,
     "bash tests/mutation/run.sh tokens": _BY_HAND,

@@ -7,7 +7,9 @@ that says how many refunds were paid.
 from __future__ import annotations
 
 import signal
+import socket
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from decimal import Decimal
@@ -307,3 +309,23 @@ def test_two_processes_starting_at_once_with_one_id_one_runs_and_one_is_refused(
     survivor = first if first.poll() is None else second
     cluster.wait_running("twin-1" if survivor is first else "twin-2", survivor)
     assert cluster.leases()["twin"].pid == survivor.pid
+
+
+@pytest.mark.parametrize("env", ["sqlite"], indirect=True)
+def test_sigterm_stops_the_api_in_bounded_time_while_a_client_stalls_mid_request(env: Env, cluster: Cluster) -> None:
+    """A client that sent half a request (a slow or stuck one) must not hold the API past its grace period: uvicorn
+    gives open requests HTTP_SHUTDOWN_TIMEOUT_SECONDS, then the drain goes on and the process exits 0."""
+    proc = cluster.api("stalling")
+    assert cluster.api_url is not None
+    port = int(cluster.api_url.rsplit(":", 1)[1])
+    head = (
+        "POST /refunds HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n"
+        f"Authorization: Bearer {API_TOKEN}\r\nIdempotency-Key: stalled-1\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", port)) as stalled:
+        stalled.sendall(head.encode() + b'{"order_id": ')  # and never the rest of the body
+        time.sleep(1.0)  # the request is in the app, reading its body
+        proc.send_signal(signal.SIGTERM)
+        code = wait_for(proc.poll, timeout=60, what="the API to exit with a request stalled mid-body")
+    assert code == 0
+    assert "refund-agent stopped" in cluster.log("stalling")

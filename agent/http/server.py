@@ -192,6 +192,12 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Fast
     return app
 
 
+HTTP_SHUTDOWN_TIMEOUT_SECONDS = 5
+"""On SIGTERM, how long uvicorn lets open requests finish before it cancels them and the drain of the workflows
+(``SHUTDOWN_TIMEOUT_SECONDS``) begins. Without it a client that stalls mid-request holds the process until the
+orchestrator's SIGKILL, and the workflows never get their drain. A cancelled submission is retried by its client
+with the same Idempotency-Key."""
+
 UVICORN_PROXY_OPTIONS: dict[str, Any] = {"proxy_headers": False}
 """uvicorn would otherwise take the client's address (and scheme) from ``X-Forwarded-For`` whenever the peer
 is in its ``forwarded_allow_ips`` (127.0.0.1 by default), so anything connecting from there (a client on the
@@ -214,6 +220,7 @@ def serve(settings: Settings | None = None, *, worker: bool = True) -> None:
         log_level=None,  # the levels come from the log config: uvicorn's start-up lines give way to the ready block
         **UVICORN_PROXY_OPTIONS,
         log_config=startup.uvicorn_log_config(settings),
+        timeout_graceful_shutdown=HTTP_SHUTDOWN_TIMEOUT_SECONDS,
     )
     # Ctrl-C: uvicorn drains, then re-raises the signal as KeyboardInterrupt; uvicorn.run() ends quietly the same way.
     with contextlib.suppress(KeyboardInterrupt):
