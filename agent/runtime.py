@@ -24,7 +24,7 @@ from agent.ops import heartbeat
 from agent.ops.checkpoint_store import secure_checkpoints
 from agent.ops.checkpoints import SERIALIZER
 from agent.settings import Settings, get_settings
-from steps import audit, evidence, faults, notify, payments
+from steps import audit, evidence_http, faults, notify, payments
 from steps.store import close_app_database, create_engine, normalize_url, open_app_database
 
 log = logging.getLogger(__name__)
@@ -131,9 +131,9 @@ def dbos_config(settings: Settings) -> DBOSConfig:
     return config
 
 
-def evidence_config(settings: Settings) -> evidence.EvidenceConfig:
+def evidence_config(settings: Settings) -> evidence_http.EvidenceConfig:
     """Where the evidence steps look (an unset base URL: the local evidence sandbox) and with which keys."""
-    return evidence.EvidenceConfig(
+    return evidence_http.EvidenceConfig(
         carrier_base_url=settings.evidence_base_url(settings.carrier_api_base),
         carrier_api_key=settings.carrier_api_key.get_secret_value(),
         returns_base_url=settings.evidence_base_url(settings.returns_api_base),
@@ -183,7 +183,7 @@ def start(settings: Settings | None = None, *, worker: bool = True, migrate: boo
             key_ttl_seconds=settings.payments_key_ttl_seconds,
         )
     )
-    evidence.configure(evidence_config(settings))
+    evidence_http.configure(evidence_config(settings))
     if migrate:
         migrate_databases(settings)
     if settings.otlp_traces_endpoint:

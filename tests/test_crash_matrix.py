@@ -24,7 +24,7 @@ from agent.status import parked, wait_for_outcome
 from agent.submit import submit_refund
 from sandbox.model import FakeOpenAIServer, ScriptedModel
 from steps import audit
-from steps.evidence import PAYMENT_RISK_STEP
+from steps.lookups import PAYMENT_RISK_STEP
 from steps.seed import seed
 from steps.store import app_db, close_app_database, open_app_database, orders, outbox
 from tests.conftest import Env

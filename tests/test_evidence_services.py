@@ -19,10 +19,10 @@ from agent import runtime
 from agent.settings import Settings, settings_problems
 from sandbox.evidence import EvidenceSeed, RiskSeed, TrackerSeed, TrackingEventSeed, ago
 from steps import evidence_http
-from steps.evidence import (
+from steps.evidence import Tracking
+from steps.evidence_http import EvidenceUnavailable
+from steps.lookups import (
     TRACK_SHIPMENT_STEP,
-    EvidenceUnavailable,
-    Tracking,
     payment_risk_step,
     return_status_step,
     ticket_history_step,

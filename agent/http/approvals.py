@@ -35,9 +35,9 @@ from agent.http.views import DecisionView
 from agent.identity import Principal, approver_names
 from agent.services import Services, ServicesDep
 from steps import clients
+from steps.approval_book import recorded_decision
 from steps.notify import slack_message
 from steps.records import ApiClient, ApprovalRecord, format_money
-from steps.refunds import recorded_decision
 from steps.store import app_db, slack_deliveries
 
 log = logging.getLogger(__name__)
