@@ -105,7 +105,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
     from sandbox.evidence import RiskSeed
-    from sandbox.ledger import Charge
+    from sandbox.ledger_records import Charge
     from sandbox.payments import run_sandbox
     from steps.seed import demo_charges
     from steps.seed_evidence import demo_risk
