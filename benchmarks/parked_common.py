@@ -214,7 +214,7 @@ def opened(dbs: Databases, workdir: Path) -> Iterator[tuple[Store, DBOSClient]]:
     settings = Settings(
         refund_agent_data_dir=workdir / "data", dbos_system_database_url=dbs.system_url, database_url=dbs.app_url
     )
-    open_app_database(settings.app_database_url)
+    open_app_database(settings.database.app_database_url)
     audit.use_key(settings.audit_key())  # submitting appends to the audit chain, under the workers' key
     client = runtime.client(settings)
     store = Store(create_engine(dbs.system_url), create_engine(dbs.app_url))

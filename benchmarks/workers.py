@@ -122,7 +122,7 @@ def run_once(server: str, refunds: int, workers: int, concurrency: int, workdir:
                     idempotency_key=refund_id,
                     request=request,
                     requester=BENCH_REQUESTER,
-                    app_version=settings.refund_agent_app_version,
+                    app_version=settings.runtime.app_version,
                 )
                 ids.append(refund_id)
             for w in range(workers):

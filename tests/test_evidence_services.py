@@ -343,4 +343,4 @@ def test_a_real_service_refuses_the_sandbox_default_key(base: str, key: str) -> 
         Settings(**{base: "https://real.example", **{k: v for k, v in issued.items() if k != key}})
     [problem] = settings_problems(refused.value)
     assert problem.startswith(f"{key.upper()}: ") and base.upper() in problem
-    assert Settings().evidence_base_url(None).startswith("http://127.0.0.1:")  # unset: the local sandbox
+    assert Settings().evidence.base_url(None).startswith("http://127.0.0.1:")  # unset: the local sandbox
