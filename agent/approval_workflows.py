@@ -32,9 +32,9 @@ from agent.approvals import (
 )
 from agent.context import current
 from agent.domain import ApprovalRecord
+from steps.approval_book import escalate_approval_step, expire_approval_step, record_decision_step
 from steps.faults import crash_point
 from steps.records import ApprovalRequest
-from steps.refunds import escalate_approval_step, expire_approval_step, record_decision_step
 
 EXPIRED_DETAIL = "approval expired: no decision before the deadline"
 #: Durable step name. Each workflow that decides a refund runs it as its last step, so workflows a release

@@ -27,8 +27,8 @@ from agent.decision_checks import check as check
 from agent.decision_checks import parse_amount as parse_amount
 from agent.domain import ApprovalRecord
 from agent.identity import Principal
+from steps.approval_book import approval_request, recorded_decision
 from steps.records import ApprovalRequest, format_money
-from steps.refunds import approval_request, recorded_decision
 from steps.store import app_db
 
 # Durable names: workflows, topics and queues recorded in the system database; never rename them.

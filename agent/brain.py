@@ -23,15 +23,9 @@ from agent import policy
 from agent.domain import RefundProposal, RefundRequest
 from agent.model_calls import ModelCalls
 from agent.ops.offloop import call
-from steps.evidence import (
-    Evidence,
-    EvidenceUnavailable,
-    LookUp,
-    payment_risk_step,
-    return_status_step,
-    ticket_history_step,
-    track_shipment_step,
-)
+from steps.evidence import Evidence, LookUp
+from steps.evidence_http import EvidenceUnavailable
+from steps.lookups import payment_risk_step, return_status_step, ticket_history_step, track_shipment_step
 from steps.records import CaseFile, OrderSnapshot, Record
 
 AGENT_NAME = "refund_agent"  # durable: model steps are named after it

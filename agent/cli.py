@@ -57,8 +57,8 @@ def cmd_seed(args: argparse.Namespace) -> int:
     from steps.store import create_engine
 
     settings = get_settings()
-    upgrade(settings.app_database_url)
-    engine = create_engine(settings.app_database_url)
+    upgrade(settings.database.app_database_url)
+    engine = create_engine(settings.database.app_database_url)
     written = seed(engine, reset=args.reset)
     print(f"seeded {written} demo orders")
     return 0
@@ -81,16 +81,16 @@ def cmd_worker(_: argparse.Namespace) -> int:
     except heartbeat.ExecutorIdInUse as error:
         print(f"refused: {error}", file=sys.stderr)
         return EXIT_EXECUTOR_ID_IN_USE
-    if settings.refund_agent_metrics_port is not None:
+    if settings.telemetry.metrics_port is not None:
         metrics.serve_worker_metrics(settings)
-    print(f"worker {rt.settings.refund_agent_executor_id} running refunds ({rt.model_label}); Ctrl-C stops it")
+    print(f"worker {rt.settings.runtime.executor_id} running refunds ({rt.model_label}); Ctrl-C stops it")
     while not stop.wait(1.0):  # wakes every second, so a signal is acted on even if its wake-up was missed
         pass
     logging.getLogger(__name__).info(
-        "stopping: no new refunds; in-flight ones get %ss to finish", settings.shutdown_timeout_seconds
+        "stopping: no new refunds; in-flight ones get %ss to finish", settings.runtime.shutdown_timeout_seconds
     )
-    runtime.stop(workflow_completion_timeout_sec=settings.shutdown_timeout_seconds)
-    logging.getLogger(__name__).info("worker %s stopped", settings.refund_agent_executor_id)
+    runtime.stop(workflow_completion_timeout_sec=settings.runtime.shutdown_timeout_seconds)
+    logging.getLogger(__name__).info("worker %s stopped", settings.runtime.executor_id)
     return 0
 
 
@@ -98,14 +98,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from agent.http.server import serve
 
     overrides = {k: v for k, v in {"refund_agent_host": args.host, "refund_agent_port": args.port}.items() if v}
-    settings = get_settings().model_copy(update=overrides)
+    settings = get_settings().with_values(**overrides)
     serve(settings, worker=not args.no_worker)
     return 0
 
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
     from sandbox.evidence import RiskSeed
-    from sandbox.ledger import Charge
+    from sandbox.ledger_records import Charge
     from sandbox.payments import run_sandbox
     from steps.seed import demo_charges
     from steps.seed_evidence import demo_risk
@@ -114,10 +114,10 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     run_sandbox(
         risk_seed=RiskSeed.model_validate(demo_risk()),
         host=args.host,
-        port=args.port or settings.payments_sandbox_port,
-        database_url=args.database_url or settings.sandbox_database_url,
+        port=args.port or settings.payments.sandbox_port,
+        database_url=args.database_url or settings.database.sandbox_database_url,
         api_key=None,
-        key_ttl_seconds=settings.payments_key_ttl_seconds,
+        key_ttl_seconds=settings.payments.key_ttl_seconds,
         charges=[Charge(**c) for c in demo_charges()],
         webhook_url=args.webhook_url,
         webhook_secret=args.webhook_secret or os.environ.get(WEBHOOK_SECRET_ENV) or None,
@@ -129,7 +129,7 @@ def cmd_sandbox_evidence(args: argparse.Namespace) -> int:
     from sandbox.evidence import EvidenceSeed, run_sandbox
     from steps.seed_evidence import demo_evidence
 
-    port = args.port or get_settings().evidence_sandbox_port
+    port = args.port or get_settings().evidence.sandbox_port
     run_sandbox(host=args.host, port=port, seed=EvidenceSeed.model_validate(demo_evidence()))
     return 0
 
@@ -140,7 +140,7 @@ def _open() -> Any:
 
     settings = get_settings()
     runtime.migrate_databases(settings)
-    open_app_database(settings.app_database_url)
+    open_app_database(settings.database.app_database_url)
     runtime.use_audit_chain(settings)  # a submission appends to the audit chain
     return runtime.client(settings)
 
@@ -163,7 +163,7 @@ def os_principal() -> Principal:
     named as a configured operator is that operator in every check (requester, approval limits, role)."""
     from agent.identity import cli_principal
 
-    return cli_principal(os_user(), get_settings().refund_agent_operators)
+    return cli_principal(os_user(), get_settings().approvals.operators)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -200,7 +200,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from steps.store import app_db
 
     client = _open()
-    status = refund_status(client, args.refund_id, prices=get_settings().refund_agent_model_prices)
+    status = refund_status(client, args.refund_id, prices=get_settings().model.prices)
     if status is None:
         print(f"no refund {args.refund_id}", file=sys.stderr)
         return 1
@@ -247,8 +247,8 @@ def cmd_decide(args: argparse.Namespace) -> int:
             decision=decision,
             approver=os_principal(),
             via="cli",
-            authority=get_settings().approval_limits,
-            deciders=approver_names(get_settings().refund_agent_operators),
+            authority=get_settings().approvals.limits,
+            deciders=approver_names(get_settings().approvals.operators),
             amount=approvals.parse_amount(args.amount) if getattr(args, "amount", None) else None,
         )
     except approvals.ApprovalError as error:
@@ -269,9 +269,9 @@ def cmd_clients(args: argparse.Namespace) -> int:
     from steps.store import create_engine
 
     settings = get_settings()
-    upgrade(settings.app_database_url)
+    upgrade(settings.database.app_database_url)
     use_audit_chain(settings)  # adding and revoking clients are audited
-    engine = create_engine(settings.app_database_url)
+    engine = create_engine(settings.database.app_database_url)
     actor = str(os_principal())
     try:
         if args.clients_command == "add":
@@ -300,9 +300,9 @@ def _add_client(engine: Any, args: argparse.Namespace, *, actor: str) -> int:
 
     settings = get_settings()
     if args.operator is not None and not known_operator(
-        args.operator, settings.refund_agent_operators, oidc=settings.oidc_issuer_url is not None
+        args.operator, settings.approvals.operators, oidc=settings.console.oidc_issuer_url is not None
     ):
-        configured = ", ".join(sorted(settings.refund_agent_operators)) or "none: only the generated admin"
+        configured = ", ".join(sorted(settings.approvals.operators)) or "none: only the generated admin"
         print(
             f"refused: no operator {args.operator!r} is configured (REFUND_AGENT_OPERATORS names {configured})",
             file=sys.stderr,
@@ -340,8 +340,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
         print(f"refused: no audit key ({missing}): set REFUND_AGENT_AUDIT_KEY to the service's key", file=sys.stderr)
         return EXIT_BAD_SETTINGS
     anchors = [] if args.no_anchor else (args.anchor or [settings.audit_anchor_file()])
-    allowed = settings.refund_agent_audit_unkeyed_entries if args.max_unkeyed is None else args.max_unkeyed
-    with create_engine(settings.app_database_url).connect() as conn:
+    allowed = settings.audit.unkeyed_entries if args.max_unkeyed is None else args.max_unkeyed
+    with create_engine(settings.database.app_database_url).connect() as conn:
         report = audit.verify(conn, key=key, anchors=anchors, unkeyed_allowed=allowed)
     if not report.ok:
         if report.first_broken_seq is None:  # the anchor itself: missing, unreadable or not the key's
@@ -500,7 +500,7 @@ def _refuse_settings() -> int | None:
     """Load the settings and close the data directory to others, once, before any command; a setting that does not
     validate (a blank or short secret) or a data directory that cannot be closed stops every command."""
     try:
-        get_settings().secure_data_dir()
+        get_settings().database.secure_data_dir()
     except ValidationError as error:
         problems = "\n".join(f"  {problem}" for problem in settings_problems(error))
         print(f"refused to start: invalid settings\n{problems}", file=sys.stderr)
@@ -532,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging("WARNING" if quiet else "INFO")
     from agent.ops.logs import configure_logging
 
-    configure_logging(get_settings())
+    configure_logging(get_settings().telemetry)
     code: int = args.func(args)
     return code
 

@@ -15,8 +15,9 @@ from typing import Literal
 
 from agent.domain import ApprovalRecord
 from agent.identity import Principal
+from steps.approval_book import approval_request, recorded_decision
 from steps.records import ApprovalRequest, format_money, minor_unit_problem, quantize
-from steps.refunds import approval_request, recorded_decision, refund_requester
+from steps.refunds import refund_requester
 from steps.store import app_db
 
 Decision = Literal["approve", "reject"]

@@ -2,8 +2,9 @@
 
 A refund in flight when this release was deployed replays the steps it recorded, so it must meet the
 same steps in the same order: its agent looks the order up, then the history, then asks policy, one
-model request each. New refunds never run here (``agent.workflow.REFUND_WORKFLOW``). Remove this module
-once no ``refund_workflow`` is PENDING or ENQUEUED anywhere (``dbos workflow list --name refund_workflow``).
+model request each. New refunds never run here (``agent.workflow.REFUND_WORKFLOW``). Release 0.2.0 removes
+this module; docs/operations/upgrades.md says how an operator makes sure no ``refund_workflow`` is PENDING or
+ENQUEUED before upgrading to it.
 """
 
 from __future__ import annotations

@@ -23,8 +23,8 @@ from agent.model_calls import ModelCalls
 from agent.ops import heartbeat
 from agent.ops.checkpoint_store import secure_checkpoints
 from agent.ops.checkpoints import SERIALIZER
-from agent.settings import Settings, get_settings
-from steps import audit, evidence, faults, notify, payments
+from agent.settings import EvidenceSettings, ModelProviderSettings, PaymentSettings, Settings, get_settings
+from steps import audit, evidence_http, faults, notify, payments
 from steps.store import close_app_database, create_engine, normalize_url, open_app_database
 
 log = logging.getLogger(__name__)
@@ -55,21 +55,18 @@ QUEUES = (REFUND_QUEUE, APPROVAL_QUEUE)  # a worker runs both; an API-only proce
 _agents: dict[tuple[str, ModelCalls], Agent[Any, Any]] = {}
 
 
-def select_model(settings: Settings) -> tuple[Model | str, str]:
+def select_model(settings: ModelProviderSettings) -> tuple[Model | str, str]:
     """The configured model (with its fallback, if one is set) and the label it is shown with (logs, API, audit)."""
-    model, label = _model(settings.refund_agent_model, settings.refund_agent_model_base_url,
-                          settings.refund_agent_model_api_key)  # fmt: skip
+    model, label = _model(settings.name, settings.base_url, settings.api_key)
     if model is None:
         from agent.offline import OFFLINE_MODEL_NAME, offline_model
 
         model, label = offline_model(), OFFLINE_MODEL_NAME
-    if not (settings.refund_agent_model_fallback or settings.refund_agent_model_fallback_base_url):
+    if not (settings.fallback or settings.fallback_base_url):
         return model, label
     from pydantic_ai.models.fallback import FallbackModel
 
-    fallback, fallback_label = _model(settings.refund_agent_model_fallback,
-                                      settings.refund_agent_model_fallback_base_url,
-                                      settings.refund_agent_model_fallback_api_key)  # fmt: skip
+    fallback, fallback_label = _model(settings.fallback, settings.fallback_base_url, settings.fallback_api_key)
     assert fallback is not None
     # Within one model request step: the first model, then the fallback on any provider error (the step retries
     # both while the failure is transient).
@@ -90,15 +87,15 @@ def _model(name: str | None, base_url: str | None, key: SecretStr | None) -> tup
     return name, name or ""
 
 
-def model_calls(settings: Settings) -> ModelCalls:
+def model_calls(settings: ModelProviderSettings) -> ModelCalls:
     """How model requests are retried, timed out and limited per refund."""
     return ModelCalls(
-        attempts=settings.refund_agent_model_attempts,
-        interval_seconds=settings.refund_agent_model_retry_interval_seconds,
-        backoff_rate=settings.refund_agent_model_backoff_rate,
-        timeout_seconds=settings.refund_agent_model_timeout_seconds,
-        request_limit=settings.refund_agent_model_request_limit,
-        token_limit=settings.refund_agent_model_token_limit,
+        attempts=settings.attempts,
+        interval_seconds=settings.retry_interval_seconds,
+        backoff_rate=settings.backoff_rate,
+        timeout_seconds=settings.timeout_seconds,
+        request_limit=settings.request_limit,
+        token_limit=settings.token_limit,
     )
 
 
@@ -106,52 +103,53 @@ EXIT_LEASE_LOST = 75  # EX_TEMPFAIL: another process owns our executor id now; t
 
 
 def dbos_config(settings: Settings) -> DBOSConfig:
-    url = normalize_url(settings.system_database_url)
+    url = normalize_url(settings.database.system_database_url)
     config: DBOSConfig = {
         "name": APP_NAME,
         "system_database_url": url,
-        "executor_id": settings.refund_agent_executor_id,
-        "application_version": settings.refund_agent_app_version,
-        "notification_listener_polling_interval_sec": settings.notification_polling_interval_seconds,
+        "executor_id": settings.runtime.executor_id,
+        "application_version": settings.runtime.app_version,
+        "notification_listener_polling_interval_sec": settings.runtime.notification_polling_interval_seconds,
         "log_level": "WARNING",
         "serializer": SERIALIZER,  # checkpoints as JSON, never pickle (agent/ops/checkpoints.py)
     }
-    if settings.dbos_conductor_key is not None:  # optional: DBOS Console through Conductor
-        config["conductor_key"] = settings.dbos_conductor_key.get_secret_value()
+    if settings.runtime.conductor_key is not None:  # optional: DBOS Console through Conductor
+        config["conductor_key"] = settings.runtime.conductor_key.get_secret_value()
     if url.startswith("sqlite"):
         # WAL + synchronous=NORMAL: the same durability for committed steps, far fewer fsyncs.
         config["system_database_engine"] = create_engine(url)
     else:
         config["db_engine_kwargs"] = {"pool_pre_ping": False}
-    if settings.otlp_traces_endpoint or settings.otlp_logs_endpoint:
+    if settings.telemetry.otlp_traces_endpoint or settings.telemetry.otlp_logs_endpoint:
         config["enable_otlp"] = True
-        config["otlp_traces_endpoints"] = [settings.otlp_traces_endpoint] if settings.otlp_traces_endpoint else []
-        config["otlp_logs_endpoints"] = [settings.otlp_logs_endpoint] if settings.otlp_logs_endpoint else []
-        config["otlp_attributes"] = {"refund_agent.executor_id": settings.refund_agent_executor_id}
+        telemetry = settings.telemetry
+        config["otlp_traces_endpoints"] = [telemetry.otlp_traces_endpoint] if telemetry.otlp_traces_endpoint else []
+        config["otlp_logs_endpoints"] = [telemetry.otlp_logs_endpoint] if telemetry.otlp_logs_endpoint else []
+        config["otlp_attributes"] = {"refund_agent.executor_id": settings.runtime.executor_id}
     return config
 
 
-def evidence_config(settings: Settings) -> evidence.EvidenceConfig:
+def evidence_config(evidence: EvidenceSettings, payments: PaymentSettings) -> evidence_http.EvidenceConfig:
     """Where the evidence steps look (an unset base URL: the local evidence sandbox) and with which keys."""
-    return evidence.EvidenceConfig(
-        carrier_base_url=settings.evidence_base_url(settings.carrier_api_base),
-        carrier_api_key=settings.carrier_api_key.get_secret_value(),
-        returns_base_url=settings.evidence_base_url(settings.returns_api_base),
-        returns_api_key=settings.returns_api_key.get_secret_value(),
-        tickets_base_url=settings.evidence_base_url(settings.tickets_api_base),
-        tickets_email=settings.tickets_api_email,
-        tickets_api_token=settings.tickets_api_token.get_secret_value(),
-        stripe_base_url=settings.payments_base_url,
-        stripe_api_key=settings.payments_api_key.get_secret_value(),
-        attempts=settings.evidence_attempts,
-        timeout_seconds=settings.evidence_timeout_seconds,
+    return evidence_http.EvidenceConfig(
+        carrier_base_url=evidence.base_url(evidence.carrier_api_base),
+        carrier_api_key=evidence.carrier_api_key.get_secret_value(),
+        returns_base_url=evidence.base_url(evidence.returns_api_base),
+        returns_api_key=evidence.returns_api_key.get_secret_value(),
+        tickets_base_url=evidence.base_url(evidence.tickets_api_base),
+        tickets_email=evidence.tickets_api_email,
+        tickets_api_token=evidence.tickets_api_token.get_secret_value(),
+        stripe_base_url=payments.base_url,
+        stripe_api_key=payments.api_key.get_secret_value(),
+        attempts=evidence.attempts,
+        timeout_seconds=evidence.timeout_seconds,
     )
 
 
 def use_audit_chain(settings: Settings) -> None:
     """Append to and check the audit chain with the settings' key, anchored in this host's data directory."""
     audit.use_key(settings.audit_key())
-    audit.use_anchor(settings.audit_anchor_file(), unkeyed_allowed=settings.refund_agent_audit_unkeyed_entries)
+    audit.use_anchor(settings.audit_anchor_file(), unkeyed_allowed=settings.audit.unkeyed_entries)
 
 
 def migrate_databases(settings: Settings) -> None:
@@ -159,83 +157,83 @@ def migrate_databases(settings: Settings) -> None:
     application schema (Alembic)."""
     from steps.migrate import upgrade
 
-    url = normalize_url(settings.system_database_url)
+    url = normalize_url(settings.database.system_database_url)
     DBOS.migrate(url)
     engine = create_engine(url)
     try:
         secure_checkpoints(engine)
     finally:
         engine.dispose()
-    upgrade(settings.app_database_url)
+    upgrade(settings.database.app_database_url)
 
 
 def start(settings: Settings | None = None, *, worker: bool = True, migrate: bool = True) -> Runtime:
     """Configure and launch DBOS in this process; with ``worker``, run refunds from the queue."""
     settings = settings or get_settings()
-    faults.arm(settings.refund_agent_crash_at)
+    faults.arm(settings.runtime.crash_at)
     use_audit_chain(settings)  # every step that writes the book appends to the audit chain
-    slack = settings.slack_webhook_url
+    slack = settings.channels.slack_webhook_url
     notify.configure(notify.NotifyConfig(slack.get_secret_value() if slack else None))
     payments.configure(
         payments.PaymentsConfig(
-            base_url=settings.payments_base_url,
-            api_key=settings.payments_api_key.get_secret_value(),
-            key_ttl_seconds=settings.payments_key_ttl_seconds,
+            base_url=settings.payments.base_url,
+            api_key=settings.payments.api_key.get_secret_value(),
+            key_ttl_seconds=settings.payments.key_ttl_seconds,
         )
     )
-    evidence.configure(evidence_config(settings))
+    evidence_http.configure(evidence_config(settings.evidence, settings.payments))
     if migrate:
         migrate_databases(settings)
-    if settings.otlp_traces_endpoint:
+    if settings.telemetry.otlp_traces_endpoint:
         # Agent runs, model requests and tool calls as spans, under DBOS's workflow and step spans (DBOS
         # installs the tracer provider from the same endpoint). Content stays out: messages are customers'.
         from pydantic_ai import InstrumentationSettings
 
         Agent.instrument_all(InstrumentationSettings(include_content=False, include_binary_content=False))
-    model, label = select_model(settings)
-    calls = model_calls(settings)
+    model, label = select_model(settings.model)
+    calls = model_calls(settings.model)
     agent = _agents.get((label, calls)) or _agents.setdefault((label, calls), build_agent(model, calls=calls))
-    lease_engine = heartbeat.lease_engine(settings.app_database_url)
+    lease_engine = heartbeat.lease_engine(settings.database.app_database_url)
     lease = heartbeat.claim(
         lease_engine,
-        executor_id=settings.refund_agent_executor_id if settings.executor_id_pinned else None,
-        app_version=settings.refund_agent_app_version,
+        executor_id=settings.runtime.executor_id if settings.runtime.executor_id_pinned else None,
+        app_version=settings.runtime.app_version,
         role="worker" if worker else "api",
-        stale_after=settings.executor_stale_after_seconds,
+        stale_after=settings.runtime.executor_stale_after_seconds,
     )
-    settings = settings.model_copy(update={"refund_agent_executor_id": lease.executor_id})
+    settings = settings.with_values(refund_agent_executor_id=lease.executor_id)
     try:
         DBOS(config=dbos_config(settings))
     except BaseException:
         heartbeat.release_quietly(lease_engine, lease)
         lease_engine.dispose()
         raise
-    open_app_database(settings.app_database_url, durable=True)
+    open_app_database(settings.database.app_database_url, durable=True)
     limits = policy.Limits(
-        auto_approve=settings.auto_approve_limit,
-        absolute_cap=settings.absolute_refund_cap,
-        window_days=settings.refund_window_days,
-        auto_approve_by_currency=settings.auto_approve_limits,
-        absolute_cap_by_currency=settings.absolute_refund_caps,
-        customer_window_days=settings.customer_refund_window_days,
-        customer_max_refunds=settings.customer_max_refunds,
-        customer_max_amount=settings.customer_max_refund_amount,
-        customer_max_amount_by_currency=settings.customer_max_refund_amounts,
-        order_max_open_claims=settings.order_max_open_claims,
-        scales=settings.limit_scales,
+        auto_approve=settings.policy.auto_approve_limit,
+        absolute_cap=settings.policy.absolute_refund_cap,
+        window_days=settings.policy.refund_window_days,
+        auto_approve_by_currency=settings.policy.auto_approve_limits,
+        absolute_cap_by_currency=settings.policy.absolute_refund_caps,
+        customer_window_days=settings.policy.customer_refund_window_days,
+        customer_max_refunds=settings.policy.customer_max_refunds,
+        customer_max_amount=settings.policy.customer_max_refund_amount,
+        customer_max_amount_by_currency=settings.policy.customer_max_refund_amounts,
+        order_max_open_claims=settings.policy.order_max_open_claims,
+        scales=settings.policy.limit_scales,
     )
     approval_settings = ApprovalSettings(
-        escalate_after=settings.approval_escalate_after_seconds,
-        timeout=settings.approval_timeout_seconds,
+        escalate_after=settings.approvals.escalate_after_seconds,
+        timeout=settings.approvals.timeout_seconds,
         signing_secret=settings.signing_secret(),
-        public_url=settings.public_url,
-        approvers=approver_names(settings.refund_agent_operators),
+        public_url=settings.server.base_url,
+        approvers=approver_names(settings.approvals.operators),
     )
     beat = heartbeat.Heartbeat(
         lease_engine,
         lease,
-        interval=settings.executor_heartbeat_seconds,
-        stale_after=settings.executor_stale_after_seconds,
+        interval=settings.runtime.executor_heartbeat_seconds,
+        stale_after=settings.runtime.executor_stale_after_seconds,
         on_lost=_lease_lost,
         fallback_queue=APPROVAL_QUEUE,
     )
@@ -255,25 +253,25 @@ def start(settings: Settings | None = None, *, worker: bool = True, migrate: boo
     _freeze_startup_heap()
     DBOS.launch()
     # Stored in the system database: the last process of the latest version started sets them for all.
-    rate = settings.queue_rate_limit_per_minute
+    rate = settings.runtime.queue_rate_limit_per_minute
     DBOS.register_queue(
         REFUND_QUEUE,
-        worker_concurrency=settings.queue_worker_concurrency,
+        worker_concurrency=settings.runtime.queue_worker_concurrency,
         limiter={"limit": rate, "period": 60.0} if rate is not None else None,
-        polling_interval_sec=settings.queue_polling_interval_seconds,
+        polling_interval_sec=settings.runtime.queue_polling_interval_seconds,
     )
     # Decisions, deadlines and continuations: their own slots, so a backlog of new refunds never delays an
     # approved payment, and 10,000 deadlines falling due at once never stop new refunds from starting.
     DBOS.register_queue(
         APPROVAL_QUEUE,
-        worker_concurrency=settings.approval_queue_worker_concurrency,
-        polling_interval_sec=settings.queue_polling_interval_seconds,
+        worker_concurrency=settings.runtime.approval_queue_worker_concurrency,
+        polling_interval_sec=settings.runtime.queue_polling_interval_seconds,
     )
     beat.start()
     log.info(
         "refund runtime started: executor=%s version=%s model=%s worker=%s",
-        settings.refund_agent_executor_id,
-        settings.refund_agent_app_version,
+        settings.runtime.executor_id,
+        settings.runtime.app_version,
         label,
         worker,
     )
@@ -322,4 +320,4 @@ def stop(workflow_completion_timeout_sec: int = 0) -> None:
 def client(settings: Settings | None = None) -> DBOSClient:
     """A DBOS client for processes that submit, approve or inspect without running workflows."""
     settings = settings or get_settings()
-    return DBOSClient(system_database_url=normalize_url(settings.system_database_url), serializer=SERIALIZER)
+    return DBOSClient(system_database_url=normalize_url(settings.database.system_database_url), serializer=SERIALIZER)

@@ -73,7 +73,7 @@ def event_options(refund_id: str, provider_event_id: str) -> EnqueueOptions:
 
 
 async def _schedule_check(refund_id: str, n: int) -> None:
-    delay = current().settings.payment_recheck_seconds
+    delay = current().settings.payments.recheck_seconds
     await enqueue_timer(PAYMENT_CHECK_WORKFLOW, check_id(refund_id, n), refund_id, n, delay=delay)
 
 

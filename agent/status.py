@@ -20,9 +20,9 @@ from dbos import DBOSClient, WorkflowStatus
 from agent.approvals import deadline_id, escalation_id, family, request_view, settle_id
 from agent.claims import claim_view
 from agent.settlement import settlement_prefix
+from steps.approval_book import approval_request, recorded_decision
 from steps.notify import customer_message
 from steps.records import from_minor
-from steps.refunds import approval_request, recorded_decision
 from steps.settlement import amounts_paid
 from steps.store import app_db, refunds, utc
 

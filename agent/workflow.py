@@ -25,6 +25,7 @@ from agent.domain import ApprovalRecord, Phase, RefundProposal, RefundRequest, V
 from agent.ops.offloop import call
 from agent.settlement import park_payment, settle
 from agent.whole_case import case_claim, verdict_changes, whole_case
+from steps.approval_book import open_approval_step, standing_decision_step
 from steps.evidence import Evidence
 from steps.faults import crash_point
 from steps.notify import CustomerMessage, notify_approvers_step, slack_approvers_step, slack_enabled
@@ -32,17 +33,8 @@ from steps.orders import review_case_step
 from steps.outside_refunds import outside_refunds_step
 from steps.payments import ChargeDisputed, describe_failure, idempotency_key, issue_refund_step
 from steps.records import ModelUsage, OrderSnapshot
-from steps.refunds import (
-    PaymentPlan,
-    open_approval_step,
-    prepare_approved_payment_step,
-    record_outcome_step,
-    record_payment_step,
-    record_refusal_step,
-    record_verdict_and_reserve_step,
-    record_verdict_step,
-    standing_decision_step,
-)
+from steps.refunds import PaymentPlan, record_outcome_step, record_refusal_step, record_verdict_step
+from steps.reservations import prepare_approved_payment_step, record_payment_step, record_verdict_and_reserve_step
 from steps.settlement import SettlingPayment
 
 log = logging.getLogger(__name__)

@@ -36,10 +36,11 @@ from agent.ops.offloop import call
 from agent.runtime import Runtime
 from agent.workflow import policy_verdict, refund_workflow
 from benchmarks.identities import BENCH_APPROVER
+from steps.approval_book import record_decision_step
 from steps.notify import CustomerMessage
 from steps.orders import review_case_step
 from steps.payments import issue_refund_step
-from steps.refunds import record_decision_step, record_payment_step, record_verdict_and_reserve_step
+from steps.reservations import record_payment_step, record_verdict_and_reserve_step
 from steps.store import session, transaction
 
 # ------------------------------------------------------------------------------------------------ DBOS

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import httpx
 import psycopg
 import sqlalchemy as sa
-from dbos import DBOSConfig
+from dbos import DBOSClient, DBOSConfig
 from psycopg import sql
 
 from agent import runtime
@@ -36,9 +36,10 @@ from agent.settings import Settings
 from benchmarks import http_load
 from benchmarks.identities import BENCH_REQUESTER
 from benchmarks.limits import SERIAL_RULE_OFF
+from steps import audit
 from steps.refunds import register_request
 from steps.seed import seed
-from steps.store import app_db, customers, orders
+from steps.store import app_db, close_app_database, customers, open_app_database, orders
 
 T = TypeVar("T")
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -153,6 +154,21 @@ def settings_for(dbs: Databases, sandbox_url: str, workdir: Path, **overrides: A
     }
     values.update(overrides)
     return Settings(**values)
+
+
+@contextmanager
+def submitting(data_dir: Path, system_url: str, app_url: str) -> Iterator[tuple[Settings, DBOSClient]]:
+    """What submits refunds the product's way (``POST /refunds`` calls ``submit_refund``) from a benchmark's own
+    process: the app database opened as the API opens it, the audit chain under the workers' key, a DBOS client."""
+    settings = Settings(refund_agent_data_dir=data_dir, dbos_system_database_url=system_url, database_url=app_url)
+    open_app_database(settings.database.app_database_url)
+    audit.use_key(settings.audit_key())  # submitting appends to the audit chain, under the workers' key
+    client = runtime.client(settings)
+    try:
+        yield settings, client
+    finally:
+        client.destroy()
+        close_app_database()
 
 
 _DROP = object()

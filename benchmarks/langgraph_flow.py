@@ -52,18 +52,13 @@ from agent import policy
 from agent.brain import INSTRUCTIONS, prompt_for
 from agent.domain import RefundProposal, RefundRequest, Verdict
 from agent.offline import offline_model_function
+from steps.approval_book import open_approval_step
 from steps.notify import CustomerMessage, notify_approvers_step
 from steps.orders import review_case_step
 from steps.payments import issue_refund_step
 from steps.records import OrderSnapshot, ProviderRefund
-from steps.refunds import (
-    PaymentPlan,
-    open_approval_step,
-    prepare_approved_payment_step,
-    record_payment_step,
-    record_verdict_and_reserve_step,
-    record_verdict_step,
-)
+from steps.refunds import PaymentPlan, record_verdict_step
+from steps.reservations import prepare_approved_payment_step, record_payment_step, record_verdict_and_reserve_step
 
 OUTPUT_TOOL = "final_result"
 _OUTPUT = ToolDefinition(name=OUTPUT_TOOL, parameters_json_schema=RefundProposal.model_json_schema(), kind="output")

@@ -26,18 +26,15 @@ import psutil
 import sqlalchemy as sa
 from dbos import DBOSClient
 
-from agent import runtime
 from agent.domain import RefundRequest
 from agent.ops.processes import stop
-from agent.settings import Settings
 from agent.submit import submit_refund
 from benchmarks import harness
 from benchmarks.harness import Databases
 from benchmarks.http_load import percentile
 from benchmarks.identities import BENCH_REQUESTER
 from benchmarks.limits import SERIAL_RULE_OFF_ENV
-from steps import audit
-from steps.store import close_app_database, create_engine, open_app_database, utc
+from steps.store import create_engine, utc
 
 EXECUTOR = "bench-parked"  # every worker of a run has this id: a restart is the same executor
 WAKE_WORKFLOW = "bench_wake_workflow"  # registered by the worker (benchmarks.parked_worker)
@@ -211,20 +208,13 @@ def _unix(value: Any) -> float:
 @contextmanager
 def opened(dbs: Databases, workdir: Path) -> Iterator[tuple[Store, DBOSClient]]:
     """SQL access to the run's databases and a DBOS client (the app database opened as the API opens it)."""
-    settings = Settings(
-        refund_agent_data_dir=workdir / "data", dbos_system_database_url=dbs.system_url, database_url=dbs.app_url
-    )
-    open_app_database(settings.app_database_url)
-    audit.use_key(settings.audit_key())  # submitting appends to the audit chain, under the workers' key
-    client = runtime.client(settings)
-    store = Store(create_engine(dbs.system_url), create_engine(dbs.app_url))
-    try:
-        yield store, client
-    finally:
-        client.destroy()
-        store.system.dispose()
-        store.app.dispose()
-        close_app_database()
+    with harness.submitting(workdir / "data", dbs.system_url, dbs.app_url) as (_, client):
+        store = Store(create_engine(dbs.system_url), create_engine(dbs.app_url))
+        try:
+            yield store, client
+        finally:
+            store.system.dispose()
+            store.app.dispose()
 
 
 def submit(client: DBOSClient, key: str, amount: Decimal, i: int = 0) -> float:

@@ -70,7 +70,7 @@ def _thread_model(settings: Any) -> Callable[[list[ModelMessage]], ModelResponse
 
     def request(messages: list[ModelMessage]) -> ModelResponse:
         if not hasattr(local, "ask"):
-            model, _ = runtime.select_model(settings)
+            model, _ = runtime.select_model(settings.model)
             assert isinstance(model, Model)
             local.ask = lg.model_requester(model)
         response: ModelResponse = local.ask(messages)
@@ -82,7 +82,7 @@ def _thread_model(settings: Any) -> Callable[[list[ModelMessage]], ModelResponse
 class Bench:
     def __init__(self, dbs: Databases, rt: runtime.Runtime, graph: Any, graph_plain: Any) -> None:
         self.dbs, self.rt, self.graph, self.graph_plain = dbs, rt, graph, graph_plain
-        model, _ = runtime.select_model(rt.settings)
+        model, _ = runtime.select_model(rt.settings.model)
         assert isinstance(model, Model)
         self.model = model
 

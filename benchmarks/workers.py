@@ -68,12 +68,9 @@ def fresh_databases(server: str) -> Iterator[tuple[str, str]]:
 
 
 def run_once(server: str, refunds: int, workers: int, concurrency: int, workdir: Path) -> dict[str, Any]:
-    from agent import runtime
     from agent.domain import RefundRequest
-    from agent.settings import Settings
     from agent.submit import submit_refund
-    from steps import audit
-    from steps.store import close_app_database, open_app_database
+    from benchmarks import harness
 
     with fresh_databases(server) as (system_url, app_url):
         port = free_port()
@@ -106,37 +103,32 @@ def run_once(server: str, refunds: int, workers: int, concurrency: int, workdir:
                 subprocess.run([*cli, *step], env=env, cwd=workdir, check=True, capture_output=True, timeout=120)
             start("sandbox", ["sandbox-payments", "--port", str(port)])
             wait_for(lambda: http_ok(f"http://127.0.0.1:{port}/_sandbox/healthz"), timeout=60, what="the sandbox")
-            settings = Settings(
-                refund_agent_data_dir=workdir / "data", dbos_system_database_url=system_url, database_url=app_url
-            )
-            open_app_database(app_url)
-            audit.use_key(settings.audit_key())  # submitting appends to the audit chain, under the workers' key
-            client = runtime.client(settings)
-            ids = []
-            for i in range(refunds):
-                order_id, amount = ORDERS[i % len(ORDERS)]
-                request = RefundRequest(order_id=order_id, message=f"Please refund {amount}", amount=Decimal(amount))
-                refund_id = f"bench-{workers}w-{i:05d}"
-                submit_refund(
-                    client,
-                    idempotency_key=refund_id,
-                    request=request,
-                    requester=BENCH_REQUESTER,
-                    app_version=settings.refund_agent_app_version,
-                )
-                ids.append(refund_id)
-            for w in range(workers):
-                start(f"worker-{w}", ["worker"], REFUND_AGENT_EXECUTOR_ID=f"bench-worker-{w}")
+            with harness.submitting(workdir / "data", system_url, app_url) as (settings, client):
+                ids = []
+                for i in range(refunds):
+                    order_id, amount = ORDERS[i % len(ORDERS)]
+                    request = RefundRequest(
+                        order_id=order_id, message=f"Please refund {amount}", amount=Decimal(amount)
+                    )
+                    refund_id = f"bench-{workers}w-{i:05d}"
+                    submit_refund(
+                        client,
+                        idempotency_key=refund_id,
+                        request=request,
+                        requester=BENCH_REQUESTER,
+                        app_version=settings.runtime.app_version,
+                    )
+                    ids.append(refund_id)
+                for w in range(workers):
+                    start(f"worker-{w}", ["worker"], REFUND_AGENT_EXECUTOR_ID=f"bench-worker-{w}")
 
-            def finished() -> list[Any] | None:
-                done = client.list_workflows(
-                    status=["SUCCESS", "ERROR"], queue_name="refunds", load_input=False, load_output=True
-                )
-                return done if len(done) >= refunds else None
+                def finished() -> list[Any] | None:
+                    done = client.list_workflows(
+                        status=["SUCCESS", "ERROR"], queue_name="refunds", load_input=False, load_output=True
+                    )
+                    return done if len(done) >= refunds else None
 
-            done = wait_for(finished, timeout=max(120, refunds), what="the queue to drain", interval=0.5)
-            client.destroy()
-            close_app_database()
+                done = wait_for(finished, timeout=max(120, refunds), what="the queue to drain", interval=0.5)
         finally:
             for proc in procs:
                 proc.terminate()

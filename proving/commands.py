@@ -42,7 +42,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         max_unanswered=args.max_unanswered,
         max_seconds=args.max_seconds,
         settle_seconds=args.settle_seconds,
-        work_dir=Path(args.dir) if args.dir else get_settings().refund_agent_data_dir / "chaos",
+        work_dir=Path(args.dir) if args.dir else get_settings().database.data_dir / "chaos",
         out=Path(args.out) if args.out else None,
         keep=args.keep,
     )

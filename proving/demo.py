@@ -46,7 +46,7 @@ class Demo:
     def __init__(self, settings: Settings) -> None:
         self.t0 = time.monotonic()
         self.checks: list[tuple[str, bool]] = []
-        self.dir = settings.refund_agent_data_dir.resolve() / "demo"
+        self.dir = settings.database.data_dir.resolve() / "demo"
         shutil.rmtree(self.dir, ignore_errors=True)
         self.dir.mkdir(parents=True)
         self.port, self.evidence_port = free_port(), free_port()
@@ -81,12 +81,12 @@ class Demo:
         return proc
 
     def provider_refunds(self, charge: str) -> list[dict[str, Any]]:
-        auth = {"Authorization": f"Bearer {self.settings.payments_api_key.get_secret_value()}"}
+        auth = {"Authorization": f"Bearer {self.settings.payments.api_key.get_secret_value()}"}
         body = httpx.get(f"{self.base}/v1/refunds", params={"charge": charge, "limit": 100}, headers=auth).json()
         return list(body["data"])
 
     def sandbox_stats(self) -> dict[str, int]:
-        auth = {"Authorization": f"Bearer {self.settings.payments_api_key.get_secret_value()}"}
+        auth = {"Authorization": f"Bearer {self.settings.payments.api_key.get_secret_value()}"}
         return dict(httpx.get(f"{self.base}/_sandbox/stats", headers=auth).json())
 
     def run(self) -> bool:
@@ -99,7 +99,7 @@ class Demo:
         evidence = f"http://127.0.0.1:{self.evidence_port}/_sandbox/healthz"
         wait_for(lambda: http_ok(evidence), timeout=30, what="the evidence sandbox")
         runtime.migrate_databases(self.settings)
-        open_app_database(self.settings.app_database_url)
+        open_app_database(self.settings.database.app_database_url)
         # The workers get the same key: from REFUND_AGENT_AUDIT_KEY, or generated into the demo's data directory here.
         audit.use_key(self.settings.audit_key())
         seed(app_db().engine)
@@ -139,7 +139,7 @@ class Demo:
             refused = error.code == "requester"
         self.say("the help desk's client tried to approve the refund it requested: refused")
         self.check("the requester cannot approve its own refund", refused)
-        me = cli_principal(os_user(), self.settings.refund_agent_operators)
+        me = cli_principal(os_user(), self.settings.approvals.operators)
         result = approvals.decide_pending(decider, refund_id=REFUND_ID, decision="approve", approver=me, via="cli")
         eve = Principal("operator", "eve")
         repeat = approvals.decide_pending(decider, refund_id=REFUND_ID, decision="reject", approver=eve, via="console")

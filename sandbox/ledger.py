@@ -1,7 +1,7 @@
 """Storage for the sandbox payments service: charges, refunds, idempotency keys, events and counters.
 
-SQLAlchemy Core over a SQLite file or Postgres, so several sandbox processes (and threads) can share
-one database and still agree on idempotency, what is left on a charge, and statistics.
+Several sandbox processes (and threads) share one database (sandbox/ledger_tables.py) and still agree on
+idempotency, what is left on a charge, and statistics; what it keeps and answers is sandbox/ledger_records.py.
 """
 
 from __future__ import annotations
@@ -10,12 +10,25 @@ import json
 import logging
 import secrets
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from dataclasses import asdict
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
+
+from sandbox.ledger_records import Charge, Claimed, ClaimResult, Conflict, Refund, Refused, Replay, Settled
+from sandbox.ledger_tables import (
+    CHARGEBACK_OPEN,
+    charges,
+    counters,
+    events,
+    idempotency_keys,
+    make_engine,
+    metadata,
+    refunds,
+    risk_signals,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -25,200 +38,6 @@ _PG_SCHEMA_LOCK = 0x5A4E_D80C  # arbitrary advisory-lock id serialising concurre
 _HOLDING = ("pending", "requires_action", "succeeded")
 #: The Stripe API version the sandbox's objects and events follow.
 API_VERSION = "2025-03-31.basil"
-
-metadata = sa.MetaData()
-_SeqType = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # SQLite only autoincrements INTEGER
-
-charges = sa.Table(
-    "sandbox_charges",
-    metadata,
-    sa.Column("id", sa.String(255), primary_key=True),
-    sa.Column("amount", sa.BigInteger, nullable=False),
-    sa.Column("currency", sa.String(3), nullable=False),
-    sa.Column("amount_refunded", sa.BigInteger, nullable=False),
-    sa.Column("payment_intent", sa.String(255), unique=True),
-    sa.Column("created", sa.BigInteger, nullable=False),
-)
-refunds = sa.Table(
-    "sandbox_refunds",
-    metadata,
-    # Insertion order gives a stable "newest first" even when several refunds share a `created` second.
-    sa.Column("seq", _SeqType, primary_key=True, autoincrement=True),
-    sa.Column("id", sa.String(64), nullable=False, unique=True),
-    sa.Column("charge", sa.String(255), nullable=False, index=True),
-    sa.Column("payment_intent", sa.String(255), index=True),
-    sa.Column("amount", sa.BigInteger, nullable=False),
-    sa.Column("currency", sa.String(3), nullable=False),
-    sa.Column("status", sa.String(32), nullable=False),
-    sa.Column("failure_reason", sa.String(64)),
-    sa.Column("reason", sa.String(64)),
-    sa.Column("metadata_json", sa.Text, nullable=False),
-    sa.Column("created", sa.BigInteger, nullable=False),
-    # A pending refund settles at settle_at (epoch seconds) into settle_to, unless settled by hand first.
-    sa.Column("settle_at", sa.Float),
-    sa.Column("settle_to", sa.String(32)),
-    sa.Column("settle_failure_reason", sa.String(64)),
-)
-idempotency_keys = sa.Table(
-    "sandbox_idempotency_keys",
-    metadata,
-    sa.Column("key", sa.String(255), primary_key=True),
-    sa.Column("fingerprint", sa.String(64), nullable=False),
-    sa.Column("token", sa.String(32), nullable=False),  # identifies the current claim holder
-    sa.Column("state", sa.String(16), nullable=False),  # "in_flight" | "done"
-    sa.Column("claimed_at", sa.Float, nullable=False),
-    sa.Column("response_status", sa.Integer),
-    sa.Column("response_body", sa.Text),
-)
-events = sa.Table(
-    "sandbox_events",
-    metadata,
-    sa.Column("seq", _SeqType, primary_key=True, autoincrement=True),
-    sa.Column("id", sa.String(64), nullable=False, unique=True),
-    sa.Column("type", sa.String(64), nullable=False),
-    sa.Column("payload", sa.Text, nullable=False),
-    sa.Column("attempts", sa.Integer, nullable=False),
-    sa.Column("delivered", sa.Boolean, nullable=False),
-)
-#: Stripe Radar early fraud warnings and disputes on charges (served by sandbox/risk.py); a charge with an open
-#: dispute that is not an inquiry cannot be refunded (``apply_refund``).
-risk_signals = sa.Table(
-    "sandbox_risk_signals",
-    metadata,
-    sa.Column("id", sa.String(64), primary_key=True),
-    sa.Column("kind", sa.String(32), nullable=False),
-    sa.Column("charge", sa.String(255), nullable=False, index=True),
-    sa.Column("created", sa.BigInteger, nullable=False),
-    sa.Column("body", sa.Text, nullable=False),
-)
-#: Disputes that hold the charge: Stripe refuses a refund while one is open (``charge_disputed``). An inquiry
-#: (``warning_*``) leaves the charge refundable, as Stripe's ``is_charge_refundable`` says.
-CHARGEBACK_OPEN = frozenset({"needs_response", "under_review"})
-counters = sa.Table(
-    "sandbox_counters",
-    metadata,
-    sa.Column("name", sa.String(64), primary_key=True),
-    sa.Column("value", sa.BigInteger, nullable=False),
-)
-
-
-@dataclass(frozen=True)
-class Charge:
-    id: str
-    amount: int
-    currency: str
-    amount_refunded: int = 0
-    payment_intent: str | None = None
-    created: int = 0
-
-    def to_stripe(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "object": "charge",
-            "amount": self.amount,
-            "amount_captured": self.amount,
-            "amount_refunded": self.amount_refunded,
-            "currency": self.currency,
-            "captured": True,
-            "paid": True,
-            "refunded": self.amount_refunded >= self.amount,
-            "payment_intent": self.payment_intent,
-            "status": "succeeded",
-            "created": self.created,
-        }
-
-
-@dataclass(frozen=True)
-class Refund:
-    id: str
-    charge: str
-    amount: int
-    currency: str
-    reason: str | None
-    metadata: dict[str, str]
-    created: int
-    status: str = "succeeded"
-    payment_intent: str | None = None
-    failure_reason: str | None = None
-    settle_at: float | None = field(default=None, compare=False)
-    settle_to: str | None = field(default=None, compare=False)
-    settle_failure_reason: str | None = field(default=None, compare=False)
-
-    def to_stripe(self) -> dict[str, Any]:
-        fields = ("amount", "currency", "charge", "payment_intent", "status", "failure_reason", "reason")
-        return (
-            {"id": self.id, "object": "refund"}
-            | {f: getattr(self, f) for f in fields}
-            | {
-                "metadata": self.metadata,
-                "created": self.created,
-            }
-        )
-
-
-@dataclass(frozen=True)
-class Claimed:
-    """The caller now owns the key and must either save a response for it or release it."""
-
-    token: str
-
-
-@dataclass(frozen=True)
-class Replay:
-    status_code: int
-    body: str
-
-
-@dataclass(frozen=True)
-class Conflict:
-    reason: Literal["in_flight", "mismatch"]
-
-
-ClaimResult = Claimed | Replay | Conflict
-
-
-@dataclass(frozen=True)
-class Refused:
-    """The charge cannot take the refund: Stripe's error code and message."""
-
-    code: Literal["resource_missing", "charge_already_refunded", "amount_too_large", "charge_disputed"]
-    message: str
-    param: str | None = "amount"
-
-
-@dataclass(frozen=True)
-class Settled:
-    refund: Refund
-    event_type: str
-
-
-def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
-    # Let SQLAlchemy emit BEGIN itself (see _sqlite_begin); WAL lets readers proceed during writes.
-    dbapi_connection.isolation_level = None
-    dbapi_connection.execute("PRAGMA journal_mode=WAL")
-
-
-def _sqlite_begin(conn: Connection) -> None:
-    # IMMEDIATE takes the write lock up front: avoids SQLITE_BUSY lock-upgrade deadlocks between
-    # threads/processes that read then write in the same transaction.
-    conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-
-def make_engine(database_url: str) -> Engine:
-    url = sa.make_url(database_url)
-    if url.drivername in ("postgres", "postgresql"):
-        url = url.set(drivername="postgresql+psycopg")  # psycopg 3 is the driver we ship
-    backend = url.get_backend_name()
-    if backend == "sqlite":
-        if url.database in (None, "", ":memory:"):
-            raise ValueError("the sandbox ledger needs a SQLite file (shared across threads), not :memory:")
-        engine = sa.create_engine(url, connect_args={"timeout": 30.0})
-        sa.event.listen(engine, "connect", _sqlite_on_connect)
-        sa.event.listen(engine, "begin", _sqlite_begin)
-        return engine
-    if backend == "postgresql":
-        return sa.create_engine(url, pool_pre_ping=True)
-    raise ValueError(f"unsupported sandbox database backend {backend!r} (use sqlite or postgresql)")
 
 
 class Ledger:

@@ -8,19 +8,14 @@ plus /_sandbox admin endpoints.
 
 from __future__ import annotations
 
-import base64
-import dataclasses
-import hashlib
 import hmac
 import json
 import logging
-import re
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
-from urllib.parse import parse_qsl
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request
@@ -31,15 +26,24 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from sandbox import risk
 from sandbox.evidence_seed import RiskSeed
 from sandbox.faults import FAILURE_REASONS, FaultInjector, Faults
-from sandbox.ledger import Charge, Claimed, Conflict, Ledger, Refund, Refused, Replay
+from sandbox.ledger import Ledger
+from sandbox.ledger_records import Charge, Claimed, Conflict, Refund, Refused, Replay
+from sandbox.stripe_api import (
+    MAX_AMOUNT,
+    CreateParams,
+    StripeError,
+    form_pairs,
+    invalid,
+    json_response,
+    parse_create,
+    parse_list,
+    presented_key,
+)
 from sandbox.webhooks import Settler, WebhookTarget
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_KEY_TTL_SECONDS = 86400.0  # Stripe prunes idempotency keys after 24 hours
-_REASONS = frozenset({"duplicate", "fraudulent", "requested_by_customer"})
-_METADATA_PARAM = re.compile(r"metadata\[([^\[\]]+)\]")
-_MAX_AMOUNT = 99_999_999  # Stripe's 8-digit ceiling for amounts in minor units
 #: Stripe's three-decimal currencies: their refunds (and charges) must be whole tens of minor units
 #: (docs.stripe.com/currencies, "Three-decimal currencies": 5.124 KWD is sent as 5120 or 5130).
 _THREE_DECIMAL = frozenset({"bhd", "jod", "kwd", "omr", "tnd"})
@@ -51,137 +55,6 @@ _CONFLICTS: dict[str, tuple[int, str, str | None]] = {  # Conflict.reason -> (st
     ),
     "mismatch": (400, "Keys for idempotent requests can only be reused with the same parameters.", None),
 }
-
-
-@dataclasses.dataclass
-class StripeError(Exception):
-    """Rendered as Stripe's error envelope: {"error": {"type", "message", "param"?, "code"?}}."""
-
-    status: int
-    type: str
-    message: str
-    param: str | None = None
-    code: str | None = None
-
-    def body(self) -> str:
-        error = {"type": self.type, "message": self.message, "param": self.param, "code": self.code}
-        return json.dumps({"error": {k: v for k, v in error.items() if v is not None}})
-
-    def response(self, headers: dict[str, str] | None = None) -> Response:
-        return _json(self.status, self.body(), headers)
-
-
-def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> Response:
-    content = body if isinstance(body, str) else json.dumps(body)
-    headers = {"Request-Id": f"req_{secrets.token_hex(7)}", **(headers or {})}
-    return Response(content, status_code=status, media_type="application/json", headers=headers)
-
-
-def _invalid(message: str, param: str, code: str = "parameter_invalid") -> StripeError:
-    return StripeError(400, "invalid_request_error", message, param=param, code=code)
-
-
-@dataclasses.dataclass(frozen=True)
-class _CreateParams:
-    charge: str | None
-    payment_intent: str | None
-    amount: int | None
-    currency: str | None
-    reason: str | None
-    metadata: dict[str, str]
-
-    def fingerprint(self) -> str:
-        canonical = json.dumps(["POST /v1/refunds", dataclasses.asdict(self)], sort_keys=True)
-        return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def _split_params(pairs: list[tuple[str, str]], allowed: set[str]) -> tuple[dict[str, str], dict[str, str]]:
-    fields: dict[str, str] = {}
-    metadata: dict[str, str] = {}
-    for name, value in pairs:
-        if match := _METADATA_PARAM.fullmatch(name):
-            metadata[match[1]] = value
-        elif name in allowed:
-            fields[name] = value
-        elif name != "metadata" or value:  # Stripe treats `metadata=` as "no metadata"
-            raise _invalid(f"Received unknown parameter: {name}", name, "parameter_unknown")
-    return fields, metadata
-
-
-def _parse_create(pairs: list[tuple[str, str]]) -> _CreateParams:
-    fields, metadata = _split_params(pairs, {"charge", "payment_intent", "amount", "currency", "reason"})
-    if not fields.get("charge") and not fields.get("payment_intent"):
-        raise _invalid(
-            "One of the following params should be provided for this request: charge or payment_intent.",
-            "charge",
-            "parameter_missing",
-        )
-    if fields.get("charge") and fields.get("payment_intent"):
-        raise _invalid("You cannot specify both charge and payment_intent.", "payment_intent")
-    amount: int | None = None
-    if "amount" in fields:
-        if not re.fullmatch(r"-?[0-9]{1,18}", fields["amount"]):
-            raise _invalid(f"Invalid integer: {fields['amount']}", "amount", "parameter_invalid_integer")
-        amount = int(fields["amount"])
-        if not 1 <= amount <= _MAX_AMOUNT:
-            raise _invalid(f"Amount must be between 1 and {_MAX_AMOUNT} (minor units).", "amount")
-    currency = fields["currency"].lower() if "currency" in fields else None
-    if currency is not None and not re.fullmatch(r"[a-z]{3}", currency):
-        raise _invalid(f"Invalid currency: {fields['currency']}", "currency")
-    reason = fields.get("reason") or None
-    if reason is not None and reason not in _REASONS:
-        raise _invalid(f"Invalid reason: must be one of {', '.join(sorted(_REASONS))}", "reason")
-    if len(metadata) > 50 or any(len(k) > 40 or len(v) > 500 for k, v in metadata.items()):
-        raise _invalid("Metadata allows up to 50 keys of 40 chars with values of 500 chars.", "metadata")
-    return _CreateParams(
-        fields.get("charge") or None, fields.get("payment_intent") or None, amount, currency, reason, metadata
-    )
-
-
-_CREATED = re.compile(r"created(?:\[(gt|gte|lt|lte)\])?")
-
-
-def _parse_list(pairs: list[tuple[str, str]]) -> dict[str, Any]:
-    """Stripe's filters for GET /v1/refunds: charge, payment_intent, created, and cursors; nothing else."""
-    fields: dict[str, str] = {}
-    created: dict[str, int] = {}
-    for name, value in pairs:
-        if match := _CREATED.fullmatch(name):
-            if not re.fullmatch(r"[0-9]{1,12}", value):
-                raise _invalid(f"Invalid integer: {value}", name, "parameter_invalid_integer")
-            created[match[1] or "eq"] = int(value)
-        elif name in ("charge", "payment_intent", "limit", "starting_after", "ending_before") or name == "expand[]":
-            fields[name] = value
-        else:
-            raise _invalid(f"Received unknown parameter: {name}", name, "parameter_unknown")
-    limit_text = fields.get("limit", "10")
-    if not re.fullmatch(r"[0-9]{1,3}", limit_text) or not 1 <= int(limit_text) <= 100:
-        raise _invalid("limit must be an integer between 1 and 100.", "limit")
-    return {
-        "charge": fields.get("charge"),
-        "payment_intent": fields.get("payment_intent"),
-        "created": created,
-        "limit": int(limit_text),
-        "starting_after": fields.get("starting_after"),
-        "ending_before": fields.get("ending_before"),
-    }
-
-
-def _presented_key(request: Request) -> str | None:
-    scheme, _, value = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() == "bearer":
-        return value.strip() or None
-    if scheme.lower() == "basic":  # some clients send the key as the basic-auth username
-        try:
-            return base64.b64decode(value.strip(), validate=True).decode().partition(":")[0] or None
-        except ValueError:  # covers binascii.Error and UnicodeDecodeError
-            return None
-    return None
-
-
-async def _form_pairs(request: Request) -> list[tuple[str, str]]:
-    # Parsed by hand so the service does not need python-multipart for Stripe's form encoding.
-    return parse_qsl((await request.body()).decode(errors="replace"), keep_blank_values=True)
 
 
 def create_app(
@@ -220,7 +93,7 @@ def create_app(
     app.state.ledger, app.state.faults, app.state.settler = ledger, injector, settler
 
     def authenticate(request: Request) -> None:
-        presented = _presented_key(request)
+        presented = presented_key(request)
         if presented is None:
             raise StripeError(401, "invalid_request_error", "You did not provide an API key.")
         if api_key is not None and not hmac.compare_digest(presented.encode(), api_key.encode()):
@@ -228,7 +101,7 @@ def create_app(
 
     auth = [Depends(authenticate)]
 
-    def resolve_charge(params: _CreateParams) -> Charge:
+    def resolve_charge(params: CreateParams) -> Charge:
         charge = (
             ledger.get_charge(params.charge)
             if params.charge
@@ -240,22 +113,22 @@ def create_app(
         if params.currency is not None and params.currency != charge.currency:
             # Stripe refunds a charge in its own currency; a refund naming another one is refused.
             message = f"The currency {params.currency} does not match the charge's currency {charge.currency}."
-            raise _invalid(message, "currency")
+            raise invalid(message, "currency")
         if params.amount is not None and charge.currency in _THREE_DECIMAL and params.amount % 10:
             code = charge.currency.upper()
             message = f"Amounts in {code} must be a multiple of 10 minor units: round to the nearest ten."
-            raise _invalid(message, "amount")
+            raise invalid(message, "amount")
         return charge
 
     @app.post("/v1/refunds", dependencies=auth)
-    def create_refund(request: Request, pairs: Annotated[list[tuple[str, str]], Depends(_form_pairs)]) -> Response:
+    def create_refund(request: Request, pairs: Annotated[list[tuple[str, str]], Depends(form_pairs)]) -> Response:
         if (latency := injector.snapshot().latency_ms) > 0:
             time.sleep(latency / 1000)
         ledger.bump("create_requests")
-        params = _parse_create(pairs)  # invalid requests never touch the key, as with Stripe
+        params = parse_create(pairs)  # invalid requests never touch the key, as with Stripe
         key = request.headers.get("idempotency-key") or None
         if key is not None and len(key) > 255:
-            raise _invalid("Idempotency keys can be at most 255 characters long.", "Idempotency-Key")
+            raise invalid("Idempotency keys can be at most 255 characters long.", "Idempotency-Key")
         charge = resolve_charge(params)  # validation too: nothing is saved for the key
         echo = {"Idempotency-Key": key} if key else {}
         claim: tuple[str, str] | None = None
@@ -264,7 +137,7 @@ def create_app(
             outcome = ledger.claim_key(key, params.fingerprint(), now=clock(), **ttls)
             if isinstance(outcome, Replay):
                 ledger.bump("replays")
-                return _json(outcome.status_code, outcome.body, echo | {"Idempotent-Replayed": "true"})
+                return json_response(outcome.status_code, outcome.body, echo | {"Idempotent-Replayed": "true"})
             if isinstance(outcome, Conflict):
                 status, message, code = _CONFLICTS[outcome.reason]
                 raise StripeError(status, "idempotency_error", message, code=code)
@@ -277,7 +150,7 @@ def create_app(
                 ledger.release_key(*claim)
             raise
 
-    def execute(params: _CreateParams, charge: Charge, claim: tuple[str, str] | None, echo: dict[str, str]) -> Response:
+    def execute(params: CreateParams, charge: Charge, claim: tuple[str, str] | None, echo: dict[str, str]) -> Response:
         """The endpoint has started executing: from here on Stripe saves its answer for the key, 500s included."""
         fault = injector.decide()
         if fault == "fail":
@@ -286,7 +159,7 @@ def create_app(
                 ledger.save_response(claim, 500, error.body())
             ledger.bump("faults_injected")
             logger.info("sandbox fault: saved a 500 for a refund of %s", charge.id)
-            return _json(500, error.body(), echo)
+            return json_response(500, error.body(), echo)
         lifecycle = injector.lifecycle()
         now = clock()
         settings = injector.snapshot()
@@ -316,7 +189,7 @@ def create_app(
             ledger.bump("faults_injected")
             logger.info("sandbox fault: applied %s but dropping the response", applied.id)
             raise StripeError(500, "api_error", "Response lost (sandbox fault).")
-        return _json(200, body, echo)
+        return json_response(200, body, echo)
 
     @app.get("/v1/refunds/{refund_id}", dependencies=auth)
     def retrieve_refund(refund_id: str) -> Response:
@@ -324,17 +197,17 @@ def create_app(
         if refund is None:
             message = f"No such refund: '{refund_id}'"
             raise StripeError(404, "invalid_request_error", message, "id", "resource_missing")
-        return _json(200, refund.to_stripe())
+        return json_response(200, refund.to_stripe())
 
     @app.get("/v1/refunds", dependencies=auth)
     def list_refunds(request: Request) -> Response:
-        filters = _parse_list(request.query_params.multi_items())
+        filters = parse_list(request.query_params.multi_items())
         for cursor in ("starting_after", "ending_before"):
             if filters[cursor] is not None and ledger.get_refund(filters[cursor]) is None:
-                raise _invalid(f"No such refund: '{filters[cursor]}'", cursor, "resource_missing")
+                raise invalid(f"No such refund: '{filters[cursor]}'", cursor, "resource_missing")
         page, has_more = ledger.list_refunds(**filters)
         data = [r.to_stripe() for r in page]
-        return _json(200, {"object": "list", "data": data, "has_more": has_more, "url": "/v1/refunds"})
+        return json_response(200, {"object": "list", "data": data, "has_more": has_more, "url": "/v1/refunds"})
 
     @app.get("/v1/charges/{charge_id}", dependencies=auth)
     def retrieve_charge(charge_id: str) -> Response:
@@ -342,7 +215,7 @@ def create_app(
         if charge is None:
             message = f"No such charge: '{charge_id}'"
             raise StripeError(404, "invalid_request_error", message, "id", "resource_missing")
-        return _json(200, charge.to_stripe())
+        return json_response(200, charge.to_stripe())
 
     @app.get("/_sandbox/healthz")
     def healthz() -> dict[str, bool]:
@@ -394,7 +267,7 @@ def create_app(
     def list_events() -> list[dict[str, Any]]:
         return ledger.list_events()
 
-    risk.add_routes(app, ledger, auth, _invalid)
+    risk.add_routes(app, ledger, auth, invalid)
 
     @app.exception_handler(StripeError)
     async def stripe_error(_request: Request, exc: StripeError) -> Response:
@@ -410,7 +283,7 @@ def create_app(
 
 class NewCharge(BaseModel):
     id: str = Field(pattern=r"^ch_[A-Za-z0-9_]{1,250}$")
-    amount: int = Field(ge=1, le=_MAX_AMOUNT)
+    amount: int = Field(ge=1, le=MAX_AMOUNT)
     currency: str = Field(pattern=r"^[a-z]{3}$")
     amount_refunded: int = Field(default=0, ge=0)
     payment_intent: str | None = Field(default=None, pattern=r"^pi_[A-Za-z0-9_]{1,250}$")

@@ -18,7 +18,8 @@ from fastapi import FastAPI, Request
 from fastapi.params import Depends
 
 from sandbox.evidence_seed import RiskSeed
-from sandbox.ledger import CHARGEBACK_OPEN, Ledger, risk_signals
+from sandbox.ledger import Ledger
+from sandbox.ledger_tables import CHARGEBACK_OPEN, risk_signals
 
 Kind = Literal["early_fraud_warning", "dispute"]
 _PG_RISK_LOCK = 0x5A4E_D80D  # serialises concurrent replacements on Postgres

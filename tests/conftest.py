@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from agent import runtime
 from agent.settings import Settings
 from sandbox.evidence import RiskSeed
-from sandbox.ledger import Charge
+from sandbox.ledger_records import Charge
 from sandbox.payments import create_app
 from steps import audit
 from steps.seed import demo_charges, seed

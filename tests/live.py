@@ -125,7 +125,7 @@ def live_service(
     """A `refund-agent serve` with fresh secrets; ``overrides``: more environment variables for it."""
     settings = env.settings()
     runtime.migrate_databases(settings)
-    open_app_database(settings.app_database_url)
+    open_app_database(settings.database.app_database_url)
     seed(app_db().engine)
     keys = keys or Secrets.fresh()
     add_approver_client(app_db().engine, keys.approver_key)

@@ -42,7 +42,7 @@ class Cluster:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         settings = env.settings()
         runtime.migrate_databases(settings)
-        open_app_database(settings.app_database_url)
+        open_app_database(settings.database.app_database_url)
         seed(app_db().engine)
         self.client: DBOSClient = runtime.client(settings)
         self.api_url: str | None = None

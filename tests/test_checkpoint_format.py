@@ -252,6 +252,25 @@ def test_an_error_checkpoint_naming_an_untrusted_class_or_an_exit_reads_as_a_pla
     assert type(SERIALIZER.deserialize(stored)) is PaymentRefused  # the project's own errors come back as themselves
 
 
+#: Records the steps return, as checkpoints already stored name them (module:class, and a minimal value).
+STORED_RECORDS = {
+    "steps.refunds:PaymentPlan": {"snapshot": None, "first_attempt_at": "2026-11-01T00:00:00Z", "refusal": "gone"},
+    "steps.refunds:RegisteredRequest": {"refund_id": "r", "request_hash": "h", "created": True},
+    "steps.evidence:Tracking": {"carrier": "usps", "tracking_code": "9400", "found": False},
+    "steps.evidence:ReturnReceipt": {"order_id": "ord_1001", "status": "none"},
+    "steps.evidence:RiskSignals": {"charge_id": "ch_1"},
+    "steps.evidence:TicketHistory": {"email": "a@example.com"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(STORED_RECORDS))
+def test_a_record_stored_in_a_checkpoint_reads_back_from_the_module_it_names(name: str) -> None:
+    """A checkpoint names a record's module: splitting a module must leave its records where they were stored."""
+    stored = json.dumps({"$t": "model", "type": name, "value": STORED_RECORDS[name]})
+    back = SERIALIZER.deserialize(stored)
+    assert f"{type(back).__module__}:{type(back).__qualname__}" == name
+
+
 #: DBOSClients built without this project's serializer on purpose: file -> why.
 PICKLING_CLIENTS = {"tests/test_upgrade.py": "the release before JSON checkpoints, as its callers were"}
 

@@ -25,7 +25,8 @@ from agent.domain import RefundRequest
 from agent.ops.processes import spawn, stop, wait_for
 from agent.submit import submit_refund
 from steps import audit
-from steps.refunds import record_verdict_and_reserve_step, register_request
+from steps.refunds import register_request
+from steps.reservations import record_verdict_and_reserve_step
 from steps.store import app_db, orders
 from tests.conftest import Env
 from tests.identities import HELPDESK

@@ -367,7 +367,7 @@ def test_hash_password_prints_a_hash_the_settings_accept(tmp_path: Path) -> None
     hashed = done.stdout.strip()
     assert hashed.startswith("scrypt$") and "passphrase" not in done.stdout
     settings = Settings(refund_agent_data_dir=tmp_path, refund_agent_operators={"dana": f"approver:{hashed}"})
-    operator = auth.authenticate(auth.parse_operators(settings.refund_agent_operators), "dana", "a long passphrase")
+    operator = auth.authenticate(auth.parse_operators(settings.approvals.operators), "dana", "a long passphrase")
     assert operator is not None and operator.role == "approver"
     with pytest.raises(ValidationError):
         Settings(refund_agent_data_dir=tmp_path, refund_agent_operators={"dana": "root:plain-text-password"})

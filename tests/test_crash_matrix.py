@@ -24,7 +24,7 @@ from agent.status import parked, wait_for_outcome
 from agent.submit import submit_refund
 from sandbox.model import FakeOpenAIServer, ScriptedModel
 from steps import audit
-from steps.evidence import PAYMENT_RISK_STEP
+from steps.lookups import PAYMENT_RISK_STEP
 from steps.seed import seed
 from steps.store import app_db, close_app_database, open_app_database, orders, outbox
 from tests.conftest import Env
@@ -61,7 +61,7 @@ class Cluster:
         self.procs: list[subprocess.Popen[bytes]] = []
         settings = env.settings()
         runtime.migrate_databases(settings)
-        open_app_database(settings.app_database_url)
+        open_app_database(settings.database.app_database_url)
         seed(app_db().engine)
         self.client: DBOSClient = runtime.client(settings)
 

@@ -326,8 +326,7 @@ def settings_names() -> dict[str, str]:
     """Environment variable -> settings field."""
     from agent.settings import Settings
 
-    prefix = str(Settings.model_config.get("env_prefix") or "")
-    return {f"{prefix}{name}".upper(): name for name in Settings.model_fields}
+    return {variable.upper(): ".".join(where) for variable, where in Settings.variables().items()}
 
 
 # -- the tables are honest and complete ------------------------------------------------------------------
@@ -412,13 +411,13 @@ def test_lines_that_set_variables_set_real_settings(monkeypatch: pytest.MonkeyPa
             if name in SHELL_VARIABLES:
                 continue
             if name not in names:
-                problems.append(f"{command.where}: {name} is not a setting (agent/settings.py) nor a shell variable")
+                problems.append(f"{command.where}: {name} is not a setting (agent/settings/) nor a shell variable")
                 continue
             if command.sets_only and "$(" not in value and HOLE not in value:
                 with monkeypatch.context() as patched:
                     patched.setenv(name, value)
                     try:
-                        Settings(_env_file=None)  # type: ignore[call-arg]
+                        Settings(_env_file=None)
                     except ValueError as error:
                         problems.append(f"{command.where}: {name}={value} does not validate: {error}")
     assert not problems, "\n".join(problems)

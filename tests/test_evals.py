@@ -179,7 +179,9 @@ def test_cli_exits_non_zero_below_the_baseline_and_writes_comparable_reports(
 
 def _scripted_run(model: ScriptedModel, name: str, **kwargs: object) -> tuple[Run, int]:
     with FakeOpenAIServer(model) as llm, override_allow_model_requests(True):
-        chat_model, label = select_model(Settings(refund_agent_model=name, refund_agent_model_base_url=llm.base_url))
+        chat_model, label = select_model(
+            Settings(refund_agent_model=name, refund_agent_model_base_url=llm.base_url).model
+        )
         run = asyncio.run(evaluate(chat_model, label, **kwargs))  # type: ignore[arg-type]
         return run, model.total()
 

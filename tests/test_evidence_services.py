@@ -19,10 +19,10 @@ from agent import runtime
 from agent.settings import Settings, settings_problems
 from sandbox.evidence import EvidenceSeed, RiskSeed, TrackerSeed, TrackingEventSeed, ago
 from steps import evidence_http
-from steps.evidence import (
+from steps.evidence import Tracking
+from steps.evidence_http import EvidenceUnavailable
+from steps.lookups import (
     TRACK_SHIPMENT_STEP,
-    EvidenceUnavailable,
-    Tracking,
     payment_risk_step,
     return_status_step,
     ticket_history_step,
@@ -343,4 +343,4 @@ def test_a_real_service_refuses_the_sandbox_default_key(base: str, key: str) -> 
         Settings(**{base: "https://real.example", **{k: v for k, v in issued.items() if k != key}})
     [problem] = settings_problems(refused.value)
     assert problem.startswith(f"{key.upper()}: ") and base.upper() in problem
-    assert Settings().evidence_base_url(None).startswith("http://127.0.0.1:")  # unset: the local sandbox
+    assert Settings().evidence.base_url(None).startswith("http://127.0.0.1:")  # unset: the local sandbox

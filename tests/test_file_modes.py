@@ -97,7 +97,7 @@ def test_a_shared_directory_is_refused_as_the_data_directory(tmp_path: Path) -> 
     shared.mkdir()
     shared.chmod(0o1777)  # like /tmp: everyone's, sticky
     with pytest.raises(UnsafeDataDirectory, match="shared directory"):
-        Settings(refund_agent_data_dir=shared).secure_data_dir()
+        Settings(refund_agent_data_dir=shared).database.secure_data_dir()
     done = refund_agent(tmp_path, "migrate", REFUND_AGENT_DATA_DIR=str(shared))
     assert done.returncode == 2 and "shared directory" in done.stderr
     assert list(shared.iterdir()) == [] and stat.S_IMODE(shared.stat().st_mode) == 0o1777

@@ -221,7 +221,7 @@ def test_a_model_obeying_the_injection_cannot_pay_more_or_approve(env: Env, obed
             idempotency_key=key,
             requester=HELPDESK,
             request=request,
-            app_version=rt.settings.refund_agent_app_version,
+            app_version=rt.settings.runtime.app_version,
         )
         if order_id == "ord_1002":  # 4200.00 proposed on a 4200.00 order: a person must decide; nobody does
             pending = wait_for(partial(parked, client, key), timeout=60, what="the refund to park")

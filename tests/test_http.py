@@ -119,7 +119,7 @@ def slack() -> Iterator[CaptureServer]:
 def server(env: Env, tmp_path: Path, slack: CaptureServer) -> Iterator[Server]:
     settings = env.settings()
     runtime.migrate_databases(settings)
-    open_app_database(settings.app_database_url)
+    open_app_database(settings.database.app_database_url)
     seed(app_db().engine)
     add_approver_client(app_db().engine, APPROVER_KEY)
     srv = Server(env, tmp_path / "logs", slack)

@@ -17,7 +17,7 @@ from dbos import DBOSClient
 
 from agent.status import refund_status
 from steps import audit
-from steps.evidence import PAYMENT_RISK_STEP, TRACK_SHIPMENT_STEP
+from steps.lookups import PAYMENT_RISK_STEP, TRACK_SHIPMENT_STEP
 from steps.store import app_db, outbox, refunds
 from tests.conftest import Env
 from tests.evidence_server import EvidenceServer

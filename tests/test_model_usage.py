@@ -46,7 +46,7 @@ def test_a_price_turns_tokens_into_a_cost() -> None:
     price = ModelPrice.model_validate(PRICE)
     assert price.cost(1_000_000, 100_000) == Decimal("3.500000")
     assert price.cost(0, 0) == Decimal(0)
-    prices = Settings.model_validate({"refund_agent_model_prices": {"m": PRICE}}).refund_agent_model_prices
+    prices = Settings(refund_agent_model_prices={"m": PRICE}).model.prices
     assert prices["m"].output_per_million == Decimal("10.00")
 
 

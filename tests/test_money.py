@@ -78,14 +78,14 @@ def test_a_request_names_the_minor_units_of_its_currency() -> None:
 def limits_of(settings: Settings) -> Limits:
     """The limits as ``runtime.start`` builds them."""
     return Limits(
-        auto_approve=settings.auto_approve_limit,
-        absolute_cap=settings.absolute_refund_cap,
-        window_days=settings.refund_window_days,
-        auto_approve_by_currency=settings.auto_approve_limits,
-        absolute_cap_by_currency=settings.absolute_refund_caps,
-        customer_max_amount=settings.customer_max_refund_amount,
-        customer_max_amount_by_currency=settings.customer_max_refund_amounts,
-        scales=settings.limit_scales,
+        auto_approve=settings.policy.auto_approve_limit,
+        absolute_cap=settings.policy.absolute_refund_cap,
+        window_days=settings.policy.refund_window_days,
+        auto_approve_by_currency=settings.policy.auto_approve_limits,
+        absolute_cap_by_currency=settings.policy.absolute_refund_caps,
+        customer_max_amount=settings.policy.customer_max_refund_amount,
+        customer_max_amount_by_currency=settings.policy.customer_max_refund_amounts,
+        scales=settings.policy.limit_scales,
     )
 
 

@@ -378,7 +378,7 @@ class Service:
         settings_ = self.env.settings()
         audit.use_key(settings_.audit_key())
         runtime.migrate_databases(settings_)
-        open_app_database(settings_.app_database_url)
+        open_app_database(settings_.database.app_database_url)
         seed(app_db().engine)
         self.client = DBOSClient(system_database_url=self.env.dbs.system_url, serializer=SERIALIZER)
         self.vars = child_env(self.env.env_vars(), drop=("REFUND_AGENT_CRASH_AT", "REFUND_AGENT_MODEL"))

@@ -32,8 +32,7 @@ from agent.ops.processes import wait_for
 from agent.status import parked, wait_for_outcome
 from agent.submit import submit_refund
 from sandbox.model import FakeOpenAIServer, ScriptedModel
-from steps import audit
-from steps import refunds as refunds_steps
+from steps import audit, reservations
 from steps.records import from_minor
 from steps.refunds import PaymentPlan
 from steps.seed import seed
@@ -220,7 +219,7 @@ def reserve_before_the_bound(*args: Any, **kwargs: Any) -> PaymentPlan:
     return RESERVE(*args, **kwargs).model_copy(update={"requested": None})
 
 
-RESERVE = refunds_steps._reserve
+RESERVE = reservations._reserve
 
 
 def test_a_payment_plan_checkpointed_before_it_carried_the_request_reads_back_without_a_bound() -> None:
@@ -283,7 +282,7 @@ def test_a_refund_a_release_without_the_bound_decided_replays_as_it_was_recorded
             seed(app_db().engine)
             monkeypatch.setattr(policy, "decide", without_the_bound)  # the release before the bound
             monkeypatch.setattr(policy, "recheck", without_the_bound)
-            monkeypatch.setattr(refunds_steps, "_reserve", reserve_before_the_bound)
+            monkeypatch.setattr(reservations, "_reserve", reserve_before_the_bound)
             monkeypatch.setattr(workflow, "whole_case", before_the_whole_case)  # which came after the bound
             request = RefundRequest(order_id="ord_1001", message="PROPOSE 42", amount=Decimal("1.00"))
             submit_refund(client, idempotency_key="obey-old-release", requester=HELPDESK, request=request)

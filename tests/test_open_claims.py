@@ -19,7 +19,8 @@ from agent import replies, runtime
 from agent.ops.processes import wait_for
 from steps.outside_refunds import OUTSIDE_REFUNDS_STEP
 from steps.records import email_key
-from steps.refunds import PaymentPlan, record_verdict_and_reserve_step, register_request
+from steps.refunds import PaymentPlan, register_request
+from steps.reservations import record_verdict_and_reserve_step
 from steps.seed import identity_values
 from steps.store import app_db, customers, orders, refunds
 from tests.conftest import API_KEY, Env

@@ -103,7 +103,7 @@ class Service(ThreadedServer):
             refund_agent_port=port,
         )
         runtime.migrate_databases(settings)
-        engine = create_engine(settings.app_database_url)
+        engine = create_engine(settings.database.app_database_url)
         try:
             add_approver_client(engine, APPROVER_KEY)
         finally:

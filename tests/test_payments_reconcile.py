@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agent import runtime
-from sandbox.ledger import Charge
+from sandbox.ledger_records import Charge
 from steps import payments
 from steps.records import ProviderRefund
 from tests.conftest import API_KEY, Env, SandboxServer

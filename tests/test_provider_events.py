@@ -345,7 +345,7 @@ def test_a_reversed_refund_is_never_retried_into_a_paid_row_and_row_and_provider
 
     steps = svc.client.list_workflow_steps(refund_id)
     [reserve] = [s["function_id"] for s in steps if s["function_name"] == "refunds.record_verdict_and_reserve"]
-    version = svc.env.settings().refund_agent_app_version
+    version = svc.env.settings().runtime.app_version
     fork = svc.client.fork_workflow(refund_id, reserve, application_version=version, queue_name=REFUND_QUEUE)
     outcome = wait_for(lambda: finished(svc.client, fork.get_workflow_id()), timeout=60, what="the forced retry")
     assert (outcome["status"], outcome.get("provider_status")) == ("failed", "failed"), outcome

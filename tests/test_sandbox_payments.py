@@ -20,8 +20,9 @@ import stripe
 import uvicorn
 from psycopg import sql
 
-from sandbox import ledger as ledger_module
-from sandbox.ledger import Claimed, Ledger
+from sandbox.ledger import Ledger
+from sandbox.ledger_records import Claimed, Refund
+from sandbox.ledger_tables import metadata
 from sandbox.payments import create_app
 from tests.conftest import BACKENDS, PG_SERVER
 
@@ -117,7 +118,7 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
     ledger = Ledger(url)  # one database per session, so empty it for each test
     ledger.create_tables()
     with ledger.engine.begin() as conn:
-        for table in reversed(ledger_module.metadata.sorted_tables):
+        for table in reversed(metadata.sorted_tables):
             conn.execute(table.delete())
     ledger.close()
     return url
@@ -230,7 +231,7 @@ def test_in_flight_key_is_409_until_the_claim_goes_stale(start_sandbox: Callable
     clock.now += 31
     refund = client.v1.refunds.create(params={"charge": charge, "amount": 100}, options={"idempotency_key": "k-stuck"})
     # Had the old holder only been slow, it could no longer commit under its stale claim.
-    late = ledger_module.Refund("re_late", charge, 100, "usd", None, {}, int(clock()))
+    late = Refund("re_late", charge, 100, "usd", None, {}, int(clock()))
     assert other.apply_refund(late, claim=("k-stuck", claim.token)) is None
     other.close()
     assert sandbox.refunds_for(charge) == 1 and refund.charge == charge

@@ -31,7 +31,7 @@ LONG_ENOUGH = "x" * MIN_SECRET_BYTES
 
 def clean_env(tmp_path: Path, **variables: str) -> dict[str, str]:
     """This environment without any setting (so nothing from the caller's shell decides), plus ``variables``."""
-    names = {name.upper() for name in Settings.model_fields}
+    names = {name.upper() for name in Settings.variables()}
     env = {k: v for k, v in os.environ.items() if k.upper() not in names and not k.startswith(("DBOS_", "REFUND_"))}
     return {**env, "REFUND_AGENT_DATA_DIR": str(tmp_path / "data"), **variables}
 
@@ -69,7 +69,7 @@ def test_our_secrets_are_refused_blank_or_shorter_than_32_bytes(field: str, valu
 
 @pytest.mark.parametrize("field", OWN_SECRETS)
 def test_our_secrets_of_32_bytes_are_accepted(field: str) -> None:
-    value = getattr(settings(**{field: LONG_ENOUGH}), field)
+    value = settings(**{field: LONG_ENOUGH}).value_of(field)
     assert isinstance(value, SecretStr) and value.get_secret_value() == LONG_ENOUGH
 
 

@@ -21,7 +21,7 @@ from agent.ops.processes import wait_for
 from agent.status import refund_status, wait_for_outcome
 from agent.submit import SubmissionError, submit_refund
 from steps import audit
-from steps.refunds import expire_approval_step, recorded_decision
+from steps.approval_book import expire_approval_step, recorded_decision
 from steps.seed import seed
 from steps.store import app_db, outbox
 from tests.conftest import Env

@@ -19,7 +19,7 @@ from markupsafe import Markup, escape
 from agent.console import addresses, auth, sessions
 from agent.console.oidc import OidcConfig, Provider
 from agent.console.phases import ACTION_LABELS
-from agent.settings import Settings
+from agent.settings import ConsoleSettings, Settings
 from steps.records import UnsupportedCurrencyError, format_money
 
 log = logging.getLogger(__name__)
@@ -105,8 +105,8 @@ class ConsoleState:
 
 def setup(app: FastAPI, settings: Settings) -> None:
     """Load the operators (or make the default admin) and the keys; called in the server's lifespan."""
-    operators = auth.parse_operators(settings.refund_agent_operators)
-    if not settings.console_password_sign_in:
+    operators = auth.parse_operators(settings.approvals.operators)
+    if not settings.console.password_sign_in:
         operators = {}  # no password signs anyone in, and sessions started with one end
     elif not operators:
         operators = {"admin": auth.generated_admin(settings.console_admin_password())}
@@ -117,27 +117,27 @@ def setup(app: FastAPI, settings: Settings) -> None:
     app.state.console = ConsoleState(
         operators,
         settings.session_secret(),
-        settings.public_url.startswith("https"),
-        addresses.networks(settings.refund_agent_trusted_proxies),
-        generated_admin=settings.console_password_sign_in and not settings.refund_agent_operators,
-        oidc=_provider(settings),
-        password_sign_in=settings.console_password_sign_in,
+        settings.server.base_url.startswith("https"),
+        addresses.networks(settings.server.trusted_proxies),
+        generated_admin=settings.console.password_sign_in and not settings.approvals.operators,
+        oidc=_provider(settings.console, settings.server.base_url),
+        password_sign_in=settings.console.password_sign_in,
     )
 
 
-def _provider(settings: Settings) -> Provider | None:
-    if settings.oidc_issuer_url is None or settings.oidc_client_id is None or settings.oidc_client_secret is None:
+def _provider(console: ConsoleSettings, base_url: str) -> Provider | None:
+    if console.oidc_issuer_url is None or console.oidc_client_id is None or console.oidc_client_secret is None:
         return None
-    base = settings.public_url.rstrip("/")
+    base = base_url.rstrip("/")
     config = OidcConfig(
-        issuer=settings.oidc_issuer_url,
-        client_id=settings.oidc_client_id,
-        client_secret=settings.oidc_client_secret.get_secret_value(),
+        issuer=console.oidc_issuer_url,
+        client_id=console.oidc_client_id,
+        client_secret=console.oidc_client_secret.get_secret_value(),
         redirect_uri=f"{base}/console/auth/callback",
         post_logout_uri=f"{base}/console/login",
-        scopes=settings.oidc_scopes,
-        groups_claim=settings.oidc_groups_claim,
-        role_groups=dict(settings.oidc_role_groups),
+        scopes=console.oidc_scopes,
+        groups_claim=console.oidc_groups_claim,
+        role_groups=dict(console.oidc_role_groups),
     )
     return Provider(config)
 

@@ -79,12 +79,14 @@ def refund_page(
 ) -> Response:
     if session is None or session.operator is None:
         return pages.to_login(request, state)
-    detail = data.refund_detail(svc.client, refund_id, prices=svc.settings.refund_agent_model_prices)
+    detail = data.refund_detail(svc.client, refund_id, prices=svc.settings.model.prices)
     if detail is None:
         return pages.message(request, state, session, "Not found", f"There is no refund {refund_id}.", 404)
     # Only the actions the refund's state allows are offered; the others say why not.
     offered = {a: actions.refusal(svc.client, refund_id, a) for a in ADMIN_ACTIONS} if session.may("admin") else {}
-    links = {run["workflow_id"]: svc.settings.dbos_console_link(run["workflow_id"]) for run in detail["executions"]}
+    links = {
+        run["workflow_id"]: svc.settings.console.dbos_console_link(run["workflow_id"]) for run in detail["executions"]
+    }
     return pages.render(
         request, state, session, "refund.html", r=detail, notice=DONE.get(done or ""), actions=offered, dbos_links=links
     )
@@ -122,7 +124,7 @@ def decide(
             "amount": approvals.parse_amount(amount) if chosen == "approve" else shown,
             "currency": currency,
             "asked": shown,
-            "authority": svc.settings.approval_limits,
+            "authority": svc.settings.approvals.limits,
         }
         if confirmed != "yes":  # nothing is recorded: the operator reads what they are about to decide
             checked = approvals.check(**kwargs)
@@ -155,7 +157,7 @@ def decide(
 
 
 def _admin_context(svc: Services, refund_id: str, action: str) -> dict[str, Any] | None:
-    detail = data.refund_detail(svc.client, refund_id, prices=svc.settings.refund_agent_model_prices)
+    detail = data.refund_detail(svc.client, refund_id, prices=svc.settings.model.prices)
     if detail is None or action not in ADMIN_ACTIONS:
         return None
     refused = actions.refusal(svc.client, refund_id, action)
@@ -205,7 +207,7 @@ def admin_action(
         elif action == "resume":
             actions.resume(svc.client, refund_id, operator=operator, address=address)
         elif action == "fork":
-            version = svc.settings.refund_agent_app_version
+            version = svc.settings.runtime.app_version
             fork_id = actions.fork(
                 svc.client, refund_id, step=step or 1, operator=operator, address=address, app_version=version
             )

@@ -35,9 +35,9 @@ from agent.http.views import DecisionView
 from agent.identity import Principal, approver_names
 from agent.services import Services, ServicesDep
 from steps import clients
+from steps.approval_book import recorded_decision
 from steps.notify import slack_message
 from steps.records import ApiClient, ApprovalRecord, format_money
-from steps.refunds import recorded_decision
 from steps.store import app_db, slack_deliveries
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ def refund_decider(refund_id: str, client: Decider, svc: ServicesDep) -> Princip
     """The calling client, as who decides ``refund_id``: checked before the decision's body is read, so an unknown
     refund is 404 and the refund's requester 403 whatever the body says."""
     approver = principal_of(client)
-    refused = decider_refusal(refund_id, approver, approver_names(svc.settings.refund_agent_operators))
+    refused = decider_refusal(refund_id, approver, approver_names(svc.settings.approvals.operators))
     if refused is not None:
         raise Problem(_STATUS[refused.code], str(refused))
     return approver
@@ -120,8 +120,8 @@ def decide(
             amount=amount,
             currency=currency,
             asked=asked,
-            authority=svc.settings.approval_limits,
-            deciders=approver_names(svc.settings.refund_agent_operators),
+            authority=svc.settings.approvals.limits,
+            deciders=approver_names(svc.settings.approvals.operators),
         )
     except approvals.ApprovalError as error:
         recorded = error.recorded.model_dump(mode="json") if error.recorded else None
@@ -180,7 +180,7 @@ def link_approver(svc: Services, claims: tokens.ApprovalClaims) -> Principal:
         approver = Principal.parse(claims.approver)
     except ValueError as error:
         raise Problem(403, "this link is for Slack's buttons; decide there or in the console") from error
-    if approver.kind == "operator" and approver.name in approver_names(svc.settings.refund_agent_operators):
+    if approver.kind == "operator" and approver.name in approver_names(svc.settings.approvals.operators):
         return approver
     if approver.kind == "client":
         found = clients.get_client(app_db().engine, approver.name)
@@ -274,10 +274,10 @@ def slack_approver(svc: Services, payload: dict[str, Any]) -> tuple[Principal, s
     user = payload.get("user") or {}
     team = user.get("team_id") or (payload.get("team") or {}).get("id") or ""
     slack_id = f"{team}/{user.get('id') or ''}"
-    operator = svc.settings.slack_approvers.get(slack_id)
+    operator = svc.settings.approvals.slack_approvers.get(slack_id)
     if operator is None:
         raise Problem(403, f"Slack user {slack_id} is not an approver here")
-    if operator not in approver_names(svc.settings.refund_agent_operators):
+    if operator not in approver_names(svc.settings.approvals.operators):
         raise Problem(403, f"Slack user {slack_id} maps to {operator}, who may not decide refunds")
     return Principal("operator", operator), f"slack:{slack_id}"
 
@@ -299,7 +299,7 @@ def slack_approver(svc: Services, payload: dict[str, Any]) -> tuple[Principal, s
 async def slack_interactions(request: Request, svc: ServicesDep) -> JSONResponse:
     """Slack's Approve/Reject buttons: signature (v0, 5-minute window) checked, replays refused, and the clicking
     user must be on ``SLACK_APPROVERS``; the decision is recorded as their operator, by Slack id."""
-    secret = svc.settings.slack_signing_secret
+    secret = svc.settings.channels.slack_signing_secret
     if secret is None:
         raise Problem(404, "Slack is not configured on this service")
     body = await request.body()

@@ -236,7 +236,7 @@ class _ProcessCollector(Collector):
 
 def serve_worker_metrics(settings: Settings) -> None:
     """A worker's own counters on ``REFUND_AGENT_METRICS_PORT`` (plain HTTP, in a daemon thread)."""
-    assert settings.refund_agent_metrics_port is not None
+    assert settings.telemetry.metrics_port is not None
     install_process_metrics()
-    start_http_server(settings.refund_agent_metrics_port, addr=settings.refund_agent_host, registry=PROCESS)
-    log.info("worker metrics on http://%s:%d/metrics", settings.refund_agent_host, settings.refund_agent_metrics_port)
+    start_http_server(settings.telemetry.metrics_port, addr=settings.server.host, registry=PROCESS)
+    log.info("worker metrics on http://%s:%d/metrics", settings.server.host, settings.telemetry.metrics_port)

@@ -134,7 +134,7 @@ def _with_links(svc: Services, client: ApiClient, status: dict[str, Any]) -> dic
             approver=me,
         )
         token = tokens.sign(claims, svc.signing_secret)
-        base = svc.settings.public_url.rstrip("/")
+        base = svc.settings.server.base_url.rstrip("/")
         approval["token"] = token
         approval["approve_url"] = f"{base}/approve/{token}?decision=approve"
         approval["reject_url"] = f"{base}/approve/{token}?decision=reject"
@@ -153,7 +153,7 @@ def get_refund(refund_id: str, svc: ServicesDep, client: Reader) -> dict[str, An
     """Status, amounts, approval, payment and the DBOS step timeline of one refund.
 
     A client with ``refunds:read`` only reads the refunds it requested (any other is 404)."""
-    status = refund_status(svc.client, refund_id, prices=svc.settings.refund_agent_model_prices)
+    status = refund_status(svc.client, refund_id, prices=svc.settings.model.prices)
     if status is None or not _visible(client, status):
         raise Problem(404, f"no refund {refund_id}")
     return _with_links(svc, client, status)

@@ -48,39 +48,39 @@ class RedactApprovalTokens(logging.Filter):
 
 def _start_sandbox(settings: Settings) -> subprocess.Popen[bytes] | None:
     """Start the payments sandbox unless one already answers on its port (e.g. left by a killed server)."""
-    health = f"{settings.payments_base_url}/_sandbox/healthz"
+    health = f"{settings.payments.base_url}/_sandbox/healthz"
     if http_ok(health):
         return None
-    webhook = f"http://{settings.refund_agent_host}:{settings.refund_agent_port}/webhooks/stripe"
+    webhook = f"http://{settings.server.host}:{settings.server.port}/webhooks/stripe"
     secret = settings.webhook_secret() or ""
     proc = spawn(
         [
             "sandbox-payments",
             "--port",
-            str(settings.payments_sandbox_port),
+            str(settings.payments.sandbox_port),
             "--webhook-url",
             webhook,
         ],
         env=child_env({WEBHOOK_SECRET_ENV: secret}),  # not an argument: arguments show in the process list
-        log=settings.refund_agent_data_dir / "payments_sandbox.log",
+        log=settings.database.data_dir / "payments_sandbox.log",
     )
     wait_for(lambda: http_ok(health), timeout=30, what="the payments sandbox")
-    log.debug("payments sandbox started on %s (pid %d)", settings.payments_base_url, proc.pid)
+    log.debug("payments sandbox started on %s (pid %d)", settings.payments.base_url, proc.pid)
     return proc
 
 
 def _start_evidence_sandbox(settings: Settings) -> subprocess.Popen[bytes] | None:
     """Start the evidence sandbox (carrier, returns, helpdesk) unless one already answers on its port."""
-    health = f"{settings.evidence_base_url(None)}/_sandbox/healthz"
+    health = f"{settings.evidence.base_url(None)}/_sandbox/healthz"
     if http_ok(health):
         return None
     proc = spawn(
-        ["sandbox-evidence", "--port", str(settings.evidence_sandbox_port)],
+        ["sandbox-evidence", "--port", str(settings.evidence.sandbox_port)],
         env=child_env({}),
-        log=settings.refund_agent_data_dir / "evidence_sandbox.log",
+        log=settings.database.data_dir / "evidence_sandbox.log",
     )
     wait_for(lambda: http_ok(health), timeout=30, what="the evidence sandbox")
-    log.debug("evidence sandbox started on %s (pid %d)", settings.evidence_base_url(None), proc.pid)
+    log.debug("evidence sandbox started on %s (pid %d)", settings.evidence.base_url(None), proc.pid)
     return proc
 
 
@@ -90,13 +90,13 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Fast
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         logging.getLogger("uvicorn.access").addFilter(RedactApprovalTokens())
-        sandbox = await asyncio.to_thread(_start_sandbox, settings) if settings.uses_sandbox else None
+        sandbox = await asyncio.to_thread(_start_sandbox, settings) if settings.payments.uses_sandbox else None
         evidence = (
-            await asyncio.to_thread(_start_evidence_sandbox, settings) if settings.uses_evidence_sandbox else None
+            await asyncio.to_thread(_start_evidence_sandbox, settings) if settings.evidence.uses_sandbox else None
         )
         rt = await asyncio.to_thread(runtime.start, settings, worker=worker)
         seeded = 0
-        if settings.embedded:
+        if settings.database.embedded:
             with app_db().engine.connect() as conn:
                 empty = conn.execute(sa.select(sa.func.count()).select_from(orders)).scalar_one() == 0
             if empty:
@@ -108,14 +108,14 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Fast
         from agent.approval_workflows import decide_here
 
         app.state.services = Services(settings, client, rt.limits, settings.signing_secret(), decide_here)
-        prices = settings.refund_agent_model_prices
+        prices = settings.model.prices
         app.state.metrics = metrics.api_registry(app_db().engine, client, runtime.QUEUES, prices)
         console.setup(app, settings)
         app.state.startup_facts = startup.StartupFacts(
             worker=worker,
             model_label=rt.model_label,
             seeded_orders=seeded,
-            token_generated=settings.refund_agent_api_token is None,
+            token_generated=settings.server.api_token is None,
             admin_password_file=str(settings.console_admin_password_file())
             if app.state.console.generated_admin
             else None,
@@ -124,7 +124,7 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Fast
             yield
         finally:
             client.destroy()
-            await asyncio.to_thread(runtime.stop, settings.shutdown_timeout_seconds)
+            await asyncio.to_thread(runtime.stop, settings.runtime.shutdown_timeout_seconds)
             for child in (sandbox, evidence):
                 if child is not None:
                     stop(child)
@@ -160,7 +160,7 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Fast
     @app.get("/metrics", include_in_schema=False, response_model=None)
     def metrics_endpoint(request: Request) -> Response:
         """Prometheus metrics (read-only counts; no ids, no amounts). Bearer METRICS_TOKEN when it is set."""
-        expected = settings.metrics_token
+        expected = settings.telemetry.metrics_token
         if expected is not None:
             given = request.headers.get("authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {expected.get_secret_value()}".encode()):
@@ -210,13 +210,13 @@ def serve(settings: Settings | None = None, *, worker: bool = True) -> None:
     # uvicorn re-raises the SIGTERM it handled once it has shut down, so the process would die of the
     # signal after a clean drain; a no-op handler for it to restore makes a graceful stop exit 0.
     signal.signal(signal.SIGTERM, lambda *_: None)
-    if settings.refund_agent_log_format == "json":
+    if settings.telemetry.log_format == "json":
         startup.quiet_uvicorn()
     app = create_app(settings, worker=worker)
     config = uvicorn.Config(
         app,
-        host=settings.refund_agent_host,
-        port=settings.refund_agent_port,
+        host=settings.server.host,
+        port=settings.server.port,
         log_level=None,  # the levels come from the log config: uvicorn's start-up lines give way to the ready block
         **UVICORN_PROXY_OPTIONS,
         log_config=startup.uvicorn_log_config(settings),

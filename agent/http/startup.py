@@ -30,7 +30,7 @@ class StartupFacts:
 
 
 def ready_lines(settings: Settings, facts: StartupFacts) -> list[str]:
-    base = f"http://{settings.refund_agent_host}:{settings.refund_agent_port}"
+    base = f"http://{settings.server.host}:{settings.server.port}"
     role = "API + worker" if facts.worker else "API only (workers run refunds)"
     token_at = f"in {settings.api_token_file()}" if facts.token_generated else "REFUND_AGENT_API_TOKEN (environment)"
     if facts.admin_password_file is not None:
@@ -60,19 +60,19 @@ class Server(uvicorn.Server):
         await super().startup(sockets)
         facts: StartupFacts | None = getattr(self.app.state, "startup_facts", None)
         if self.started and facts is not None:
-            announce(ready_lines(self.settings, facts), json=self.settings.refund_agent_log_format == "json")
+            announce(ready_lines(self.settings, facts), json=self.settings.telemetry.log_format == "json")
 
     async def shutdown(self, sockets: Any = None) -> None:
         """Say that it stops and what it waits for, then that it stopped (uvicorn's own lines are quiet)."""
         facts: StartupFacts | None = getattr(self.app.state, "startup_facts", None)
-        as_json = self.settings.refund_agent_log_format == "json"
+        as_json = self.settings.telemetry.log_format == "json"
         announce([stopping_line(self.settings, worker=facts is not None and facts.worker)], json=as_json)
         await super().shutdown(sockets)
         announce(["refund-agent stopped"], json=as_json)
 
 
 def stopping_line(settings: Settings, *, worker: bool) -> str:
-    waits = f"; refunds in flight get {settings.shutdown_timeout_seconds}s to finish" if worker else ""
+    waits = f"; refunds in flight get {settings.runtime.shutdown_timeout_seconds}s to finish" if worker else ""
     return f"refund-agent stopping: no new requests{waits}"
 
 
@@ -86,7 +86,7 @@ def announce(lines: list[str], *, json: bool) -> None:
 def uvicorn_log_config(settings: Settings) -> dict[str, Any] | None:
     """uvicorn's logging, without its start-up chatter (process started, waiting, complete, running on):
     the ready block says it. Its warnings and errors, and the access log, stay."""
-    if settings.refund_agent_log_format == "json":
+    if settings.telemetry.log_format == "json":
         return None  # its loggers propagate to the root handler (agent.ops.logs); levels set in quiet_uvicorn
     config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
     config["loggers"]["uvicorn.error"] = {"level": "WARNING"}

@@ -10,7 +10,7 @@ from typing import Any
 from dbos import DBOS
 
 from agent.domain import refund_id_of
-from agent.settings import Settings
+from agent.settings import TelemetrySettings
 
 # Attributes every LogRecord has; anything else on a record was passed through ``extra=`` and is kept.
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
@@ -56,11 +56,11 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
-def configure_logging(settings: Settings) -> None:
+def configure_logging(telemetry: TelemetrySettings) -> None:
     """Switch the root handlers to JSON when REFUND_AGENT_LOG_FORMAT=json; stamp refund ids either way."""
     root = logging.getLogger()
     for handler in root.handlers:
         if not any(isinstance(f, RefundIdFilter) for f in handler.filters):
             handler.addFilter(RefundIdFilter())
-        if settings.refund_agent_log_format == "json":
+        if telemetry.log_format == "json":
             handler.setFormatter(JsonFormatter())

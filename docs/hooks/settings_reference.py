@@ -1,12 +1,12 @@
 """MkDocs hook: the configuration reference, generated from ``agent.settings.Settings`` so it cannot drift.
 
 ``docs/configuration.md`` holds the marker ``<!-- settings-reference -->``; this hook replaces it with one
-table row per settings field: the environment variable (pydantic-settings reads the field's name,
-upper-cased, with the class's ``env_prefix``), its type as the class declares it, its default, and its
-description.
+table per part of the settings (``Settings.parts()``: database, model, payments, ...), each preceded by the
+part's docstring, and in it one row per field: the environment variable (pydantic-settings reads the field's
+alias, or its name, upper-cased), its type as the part declares it, its default, and its description.
 
 The description is the field's ``description`` if it has one, else its attribute docstring (the string
-right under the field in ``agent/settings.py``; the class does not turn on ``use_attribute_docstrings``,
+right under the field in ``agent/settings/<part>.py``; the parts do not turn on ``use_attribute_docstrings``,
 so the hook reads them from the source). A field with neither is a warning, which fails
 ``mkdocs build --strict``.
 
@@ -81,20 +81,29 @@ def _default(name: str, field: Any, annotation: str) -> str:
     return f"`{value}`"
 
 
-def reference_table() -> str:
-    cls = _settings_class()
-    prefix = str(cls.model_config.get("env_prefix") or "")
-    declared = declared_fields(cls)
+def part_table(part: type[Any]) -> str:
+    """One part's rows."""
+    prefix = str(part.model_config.get("env_prefix") or "")
+    declared = declared_fields(part)
     rows = ["| environment variable | type | default | description |", "|---|---|---|---|"]
-    for name, field in cls.model_fields.items():
+    for name, field in part.model_fields.items():
         annotation, doc = declared.get(name, (str(field.annotation), None))
         text = field.description or doc
         if not text:
-            log.warning("settings field %s has no docstring: give it one in agent/settings.py", name)
+            log.warning("settings field %s.%s has no docstring: give it one in agent/settings/", part.__name__, name)
             text = ""
         env = f"{prefix}{field.alias or name}".upper()
         rows.append(f"| `{env}` | `{_type(annotation)}` | {_default(name, field, annotation)} | {_cell(text)} |")
     return "\n".join(rows)
+
+
+def reference_table() -> str:
+    """Every part's table, in the order ``Settings`` holds them, each under its name and what it is for."""
+    tables = []
+    for name, part in _settings_class().parts().items():
+        about = inspect.cleandoc(part.__doc__ or "").split("\n\n")[0]
+        tables.append(f"**`settings.{name}`**: {_cell(about)}\n\n{part_table(part)}")
+    return "\n\n".join(tables)
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:

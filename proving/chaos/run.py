@@ -29,7 +29,7 @@ from proving.chaos.plan import Plan, make_plan
 from proving.chaos.seeding import insert_orders, provider_charges
 from proving.chaos.verdict import TERMINAL, Observed, judge, render
 from steps import audit, clients
-from steps.evidence import TRACK_SHIPMENT_STEP
+from steps.lookups import TRACK_SHIPMENT_STEP
 from steps.store import create_engine, orders, refunds
 
 log = logging.getLogger(__name__)

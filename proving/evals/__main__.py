@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     baseline = Baseline.model_validate_json(args.baseline.read_text()) if args.baseline else None
     data, sha256 = load_dataset_file(args.dataset)
-    model, label = select_model(Settings())
+    model, label = select_model(Settings().model)
     run = asyncio.run(
         evaluate(
             model,

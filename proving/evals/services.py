@@ -25,7 +25,7 @@ from agent.ops.processes import free_port
 from proving.evals.cases import DatasetFile
 from sandbox import payments
 from sandbox.evidence import Credentials, EvidenceSeed, RiskSeed, create_app
-from steps import evidence
+from steps import evidence_http
 from steps import payments as step_payments
 
 _KEY = "eval-local"  # the sandboxes' own keys: they serve made-up data on loopback only
@@ -118,7 +118,7 @@ def seeds(data: DatasetFile) -> tuple[EvidenceSeed, RiskSeed, set[str], set[str]
 
 
 @contextmanager
-def evidence_services(data: DatasetFile) -> Iterator[evidence.EvidenceConfig]:
+def evidence_services(data: DatasetFile) -> Iterator[evidence_http.EvidenceConfig]:
     """Both sandboxes, seeded with the dataset's evidence, and the evidence steps configured to read them (quick
     retries: a failing service gives up within a fraction of a second)."""
     held, risk, codes, orders = seeds(data)
@@ -128,7 +128,7 @@ def evidence_services(data: DatasetFile) -> Iterator[evidence.EvidenceConfig]:
     ledger = payments.create_app(database_url=f"sqlite:///{tmp / 'payments.sqlite'}", api_key=_KEY, risk_seed=risk)
     try:
         with _Served(app) as services, _Served(ledger) as stripe:
-            config = evidence.EvidenceConfig(
+            config = evidence_http.EvidenceConfig(
                 carrier_base_url=services.base_url,
                 carrier_api_key=_KEY,
                 returns_base_url=services.base_url,
@@ -143,7 +143,7 @@ def evidence_services(data: DatasetFile) -> Iterator[evidence.EvidenceConfig]:
                 max_wait_seconds=0.1,
                 timeout_seconds=10.0,
             )
-            evidence.configure(config)
+            evidence_http.configure(config)
             # The provider's refund list (refunds made outside the service count for the repeat rule) reads the same
             # ledger: nothing is ever paid through it here.
             step_payments.configure(
