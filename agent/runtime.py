@@ -167,8 +167,15 @@ def migrate_databases(settings: Settings) -> None:
     upgrade(settings.database.app_database_url)
 
 
-def start(settings: Settings | None = None, *, worker: bool = True, migrate: bool = True) -> Runtime:
-    """Configure and launch DBOS in this process; with ``worker``, run refunds from the queue."""
+def start(
+    settings: Settings | None = None, *, worker: bool = True, migrate: bool = True, freeze_heap: bool = True
+) -> Runtime:
+    """Configure and launch DBOS in this process; with ``worker``, run refunds from the queue.
+
+    ``freeze_heap``: keep start-up's objects out of full garbage collections (see ``_freeze_startup_heap``), right
+    for a process that runs the service until it exits; a host that starts and stops runtimes again and again
+    in one process (a test session) passes False, since each start would otherwise walk its whole heap once.
+    """
     settings = settings or get_settings()
     faults.arm(settings.runtime.crash_at)
     use_audit_chain(settings)  # every step that writes the book appends to the audit chain
@@ -250,7 +257,8 @@ def start(settings: Settings | None = None, *, worker: bool = True, migrate: boo
     install(rt)
     if not worker:
         DBOS.listen_queues([])
-    _freeze_startup_heap()
+    if freeze_heap:
+        _freeze_startup_heap()
     DBOS.launch()
     # Stored in the system database: the last process of the latest version started sets them for all.
     rate = settings.runtime.queue_rate_limit_per_minute

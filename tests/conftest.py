@@ -172,9 +172,10 @@ class SandboxServer(ThreadedServer):
         kwargs.setdefault("risk_seed", RiskSeed.model_validate(demo_risk()))  # their fraud warnings and disputes
         super().__init__(create_app(database_url=database_url, api_key=API_KEY, **kwargs))
         self.start()
+        self.http = httpx.Client(base_url=self.base_url, headers={"Authorization": f"Bearer {API_KEY}"})
 
     def _get(self, path: str, **params: Any) -> Any:
-        response = httpx.get(self.base_url + path, params=params, headers={"Authorization": f"Bearer {API_KEY}"})
+        response = self.http.get(path, params=params)
         response.raise_for_status()
         return response.json()
 
@@ -188,16 +189,13 @@ class SandboxServer(ThreadedServer):
         return dict(self._get("/_sandbox/stats"))
 
     def add_charges(self, *charges: dict[str, Any]) -> None:
-        httpx.post(
-            self.base_url + "/_sandbox/charges", json=list(charges), headers={"Authorization": f"Bearer {API_KEY}"}
-        ).raise_for_status()
+        self.http.post("/_sandbox/charges", json=list(charges)).raise_for_status()
 
     def set_faults(self, **faults: Any) -> None:
-        httpx.put(
-            self.base_url + "/_sandbox/faults", json=faults, headers={"Authorization": f"Bearer {API_KEY}"}
-        ).raise_for_status()
+        self.http.put("/_sandbox/faults", json=faults).raise_for_status()
 
     def close(self) -> None:
+        self.http.close()
         self.stop()
 
 
@@ -289,7 +287,7 @@ def env(request: pytest.FixtureRequest, tmp_path: Path, evidence_sandbox: Eviden
 @pytest.fixture
 def service(env: Env) -> Iterator[runtime.Runtime]:
     """DBOS launched in this process against the test's databases, with the demo orders seeded."""
-    rt = runtime.start(env.settings())
+    rt = runtime.start(env.settings(), freeze_heap=False)
     seed(app_db().engine)
     try:
         yield rt

@@ -43,7 +43,11 @@ class ConsoleServer(ThreadedServer):
         self.settings = env.settings(**{**values, **overrides})
         # As `refund-agent serve` runs it: uvicorn's own X-Forwarded-For handling off.
         config = uvicorn.Config(
-            create_app(self.settings), host="127.0.0.1", port=port, log_level="warning", **UVICORN_PROXY_OPTIONS
+            create_app(self.settings, freeze_heap=False),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            **UVICORN_PROXY_OPTIONS,
         )
         self.port = port
         self.server = uvicorn.Server(config)

@@ -79,7 +79,7 @@ def main() -> int:
             refund_agent_api_token=SecretStr(TOKEN),
             refund_agent_executor_id="screenshots",
         )
-        server = ThreadedServer(create_app(settings), port=port)
+        server = ThreadedServer(create_app(settings, freeze_heap=False), port=port)
         server.start()
         client = runtime.client(settings)
         try:

@@ -337,7 +337,7 @@ def test_without_operators_serve_makes_an_admin_whose_password_is_in_a_private_f
 ) -> None:
     port = free_port()
     settings = env.settings(refund_agent_port=port)
-    server = ThreadedServer(create_app(settings), port=port)
+    server = ThreadedServer(create_app(settings, freeze_heap=False), port=port)
     with caplog.at_level(logging.WARNING):
         server.start()
     try:

@@ -76,7 +76,7 @@ def served(env: Env) -> Iterator[DBOSClient]:
         stripe_webhook_secret=WEBHOOK_SECRET,
         payment_recheck_seconds=HOUR,
     )
-    server = ThreadedServer(create_app(settings), port=port)
+    server = ThreadedServer(create_app(settings, freeze_heap=False), port=port)
     server.start()
     seed(app_db().engine)
     client = runtime.client(settings)

@@ -196,7 +196,7 @@ def _obedient(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
 def obedient_service(env: Env, monkeypatch: pytest.MonkeyPatch) -> Any:
     """The real workflow in this process, with the model swapped for one that obeys injected text."""
     monkeypatch.setattr(runtime, "select_model", lambda _: (FunctionModel(_obedient), "obedient test model"))
-    rt = runtime.start(env.settings())
+    rt = runtime.start(env.settings(), freeze_heap=False)
     seed(app_db().engine)
     client = runtime.client(rt.settings)
     try:
@@ -253,7 +253,7 @@ def test_the_agents_reason_reaches_slack_as_text_not_links_or_mentions(
 ) -> None:
     monkeypatch.setattr(runtime, "select_model", lambda _: (FunctionModel(_slack_baiting), "slack-baiting model"))
     with CaptureServer() as slack:
-        rt = runtime.start(env.settings(slack_webhook_url=slack.url("webhook")))
+        rt = runtime.start(env.settings(slack_webhook_url=slack.url("webhook")), freeze_heap=False)
         seed(app_db().engine)
         client = runtime.client(rt.settings)
         try:

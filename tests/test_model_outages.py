@@ -82,7 +82,7 @@ def decide(
             backup = stack.enter_context(FakeOpenAIServer(fallback))
             values.update(refund_agent_model_fallback="backup", refund_agent_model_fallback_base_url=backup.base_url)
         stack.enter_context(override_allow_model_requests(True))
-        rt = runtime.start(env.settings(**{**values, **overrides}))
+        rt = runtime.start(env.settings(**{**values, **overrides}), freeze_heap=False)
         client = runtime.client(rt.settings)
         try:
             seed(app_db().engine)
@@ -189,7 +189,10 @@ def test_a_refund_a_release_without_the_person_path_failed_replays_as_it_was_rec
     """A refund that a release without this path ended FAILED (the model down) meets the same steps again when it
     is replayed (the patch is not taken), instead of failing on an approval step it never recorded."""
     with FakeOpenAIServer(ScriptedModel(broken=True)) as llm, override_allow_model_requests(True):
-        rt = runtime.start(env.settings(**QUICK, refund_agent_model="down", refund_agent_model_base_url=llm.base_url))
+        rt = runtime.start(
+            env.settings(**QUICK, refund_agent_model="down", refund_agent_model_base_url=llm.base_url),
+            freeze_heap=False,
+        )
         client = runtime.client(rt.settings)
         try:
             seed(app_db().engine)

@@ -140,7 +140,9 @@ def test_a_model_that_obeys_injected_messages_never_pays_more_than_was_asked(env
     model = ScriptedModel(obey=True)
     requested = {refund_key(i): None if a.requested is None else Decimal(a.requested) for i, a in enumerate(ATTACKS)}
     with FakeOpenAIServer(model) as llm, override_allow_model_requests(True):
-        rt = runtime.start(env.settings(refund_agent_model="obeying", refund_agent_model_base_url=llm.base_url))
+        rt = runtime.start(
+            env.settings(refund_agent_model="obeying", refund_agent_model_base_url=llm.base_url), freeze_heap=False
+        )
         client = runtime.client(rt.settings)
         try:
             seed(app_db().engine)
@@ -235,7 +237,9 @@ def test_a_payment_plan_checkpointed_before_it_carried_the_request_reads_back_wi
 def test_an_approval_for_more_than_was_asked_is_refused_by_the_recheck_before_paying(env: Env) -> None:
     """A refund parked by a release without the bound waits on the model's amount; approving it pays nothing."""
     with FakeOpenAIServer(ScriptedModel(obey=True)) as llm, override_allow_model_requests(True):
-        rt = runtime.start(env.settings(refund_agent_model="obeying", refund_agent_model_base_url=llm.base_url))
+        rt = runtime.start(
+            env.settings(refund_agent_model="obeying", refund_agent_model_base_url=llm.base_url), freeze_heap=False
+        )
         client = runtime.client(rt.settings)
         try:
             seed(app_db().engine)
@@ -276,7 +280,9 @@ def test_a_refund_a_release_without_the_bound_decided_replays_as_it_was_recorded
         return unbounded(**{**kwargs, "requested": None})
 
     with FakeOpenAIServer(ScriptedModel(obey=True)) as llm, override_allow_model_requests(True):
-        rt = runtime.start(env.settings(refund_agent_model="obeying", refund_agent_model_base_url=llm.base_url))
+        rt = runtime.start(
+            env.settings(refund_agent_model="obeying", refund_agent_model_base_url=llm.base_url), freeze_heap=False
+        )
         client = runtime.client(rt.settings)
         try:
             seed(app_db().engine)

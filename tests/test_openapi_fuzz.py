@@ -108,7 +108,7 @@ class Service(ThreadedServer):
             add_approver_client(engine, APPROVER_KEY)
         finally:
             engine.dispose()
-        super().__init__(create_app(settings), port=port)
+        super().__init__(create_app(settings, freeze_heap=False), port=port)
 
     def __enter__(self) -> Service:
         self.start()

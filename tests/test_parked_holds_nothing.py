@@ -36,7 +36,9 @@ def _statuses(client: DBOSClient, refund_id: str) -> dict[str, Any]:
 
 
 def test_parked_refunds_leave_no_running_workflow_and_the_next_refund_runs(env: Env) -> None:
-    rt = runtime.start(env.settings(queue_worker_concurrency=1, approval_escalate_after_seconds=3600.0))
+    rt = runtime.start(
+        env.settings(queue_worker_concurrency=1, approval_escalate_after_seconds=3600.0), freeze_heap=False
+    )
     seed(app_db().engine)
     client: DBOSClient = runtime.client(rt.settings)
     try:
@@ -84,7 +86,9 @@ def test_metrics_count_parked_escalated_and_overdue_approvals(env: Env) -> None:
     from steps.store import approval_requests
     from tests.test_scale import metric
 
-    rt = runtime.start(env.settings(approval_escalate_after_seconds=0.5, approval_timeout_seconds=3600.0))
+    rt = runtime.start(
+        env.settings(approval_escalate_after_seconds=0.5, approval_timeout_seconds=3600.0), freeze_heap=False
+    )
     seed(app_db().engine)
     client: DBOSClient = runtime.client(rt.settings)
     registry = metrics.api_registry(app_db().engine, client, runtime.QUEUES)
@@ -120,7 +124,7 @@ def test_a_decision_and_its_payment_go_before_deadlines_that_are_already_due(env
     serves a decision and its continuation first (DBOS dequeues by priority, then age)."""
     one = {"approval_queue_worker_concurrency": 1}  # stored with the queue; a worker's first poll reads it
     settings = env.settings(approval_timeout_seconds=3600.0, approval_escalate_after_seconds=3600.0, **one)
-    rt = runtime.start(settings)
+    rt = runtime.start(settings, freeze_heap=False)
     seed(app_db().engine)
     client: DBOSClient = runtime.client(rt.settings)
     try:
@@ -129,7 +133,9 @@ def test_a_decision_and_its_payment_go_before_deadlines_that_are_already_due(env
         _parked(client, "priority-approved")
         runtime.stop()
         # Six refunds whose deadlines fall due while no worker runs.
-        runtime.start(env.settings(approval_timeout_seconds=6.0, approval_escalate_after_seconds=6.0, **one))
+        runtime.start(
+            env.settings(approval_timeout_seconds=6.0, approval_escalate_after_seconds=6.0, **one), freeze_heap=False
+        )
         expiring = [f"priority-expiring-{i}" for i in range(6)]
         for refund_id in expiring:
             submit_refund(client, idempotency_key=refund_id, requester=HELPDESK, request=request)
@@ -137,7 +143,7 @@ def test_a_decision_and_its_payment_go_before_deadlines_that_are_already_due(env
             _parked(client, refund_id)
         runtime.stop()
         # A process that runs no queue moves the due deadlines to the queue; the decision is enqueued too.
-        runtime.start(env.settings(**one), worker=False)
+        runtime.start(env.settings(**one), worker=False, freeze_heap=False)
         deadlines = [deadline_id(r) for r in expiring]
 
         def all_due() -> bool:
@@ -152,7 +158,7 @@ def test_a_decision_and_its_payment_go_before_deadlines_that_are_already_due(env
             )
         runtime.stop()
 
-        runtime.start(env.settings(**one))  # one at a time, in queue order
+        runtime.start(env.settings(**one), freeze_heap=False)  # one at a time, in queue order
         assert wait_for_outcome(client, "priority-approved", timeout=60)["status"] == "completed"
         for refund_id in expiring:
             assert wait_for_outcome(client, refund_id, timeout=60)["status"] == "rejected"

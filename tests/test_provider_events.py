@@ -121,7 +121,7 @@ def svc(env: Env) -> Iterator[Service]:
             payment_recheck_seconds=3600,
             slack_webhook_url=slack.url("webhook"),
         )
-        server = ThreadedServer(create_app(settings), port=port)
+        server = ThreadedServer(create_app(settings, freeze_heap=False), port=port)
         server.start()
         seed(app_db().engine)
         client = runtime.client(settings)

@@ -43,7 +43,9 @@ def run_refund(
     amount: Decimal | None = None,
 ) -> tuple[dict[str, Any], runtime.Runtime]:
     with FakeOpenAIServer(model) as llm, override_allow_model_requests(True):
-        rt = runtime.start(env.settings(refund_agent_model="scripted", refund_agent_model_base_url=llm.base_url))
+        rt = runtime.start(
+            env.settings(refund_agent_model="scripted", refund_agent_model_base_url=llm.base_url), freeze_heap=False
+        )
         client = runtime.client(rt.settings)
         try:
             seed(app_db().engine)

@@ -195,7 +195,7 @@ def served(env: Env) -> Iterator[tuple[ThreadedServer, DBOSClient]]:
         stripe_webhook_secret=WEBHOOK_SECRET,
         payment_recheck_seconds=3600,
     )
-    server = ThreadedServer(create_app(settings), port=port)
+    server = ThreadedServer(create_app(settings, freeze_heap=False), port=port)
     server.start()
     seed(app_db().engine)  # the embedded default seeds itself; Postgres does not
     client = runtime.client(settings)

@@ -165,7 +165,7 @@ def test_survivors_racing_to_recover_one_dead_executor_run_every_step_once(
     # Eight would-be recoverers in this process, all at once, at both layers: our lease compare-and-set
     # followed by DBOS.resume_workflow, and DBOS's own recovery of an executor's pending workflows.
     settings = env.settings(refund_agent_executor_id="racer", executor_heartbeat_seconds=3600.0)
-    rt = runtime.start(settings, worker=False)
+    rt = runtime.start(settings, worker=False, freeze_heap=False)
     try:
         assert rt.lease is not None and rt.heartbeat is not None
         lease, engine = rt.lease, rt.heartbeat.engine

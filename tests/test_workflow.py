@@ -172,7 +172,7 @@ def test_decision_for_more_than_asked_or_another_currency_is_refused(env: Env, c
 @contextmanager
 def running(env: Env, **overrides: Any) -> Iterator[DBOSClient]:
     """DBOS launched in this process with these settings, the demo orders seeded, and a client."""
-    rt = runtime.start(env.settings(**overrides))
+    rt = runtime.start(env.settings(**overrides), freeze_heap=False)
     seed(app_db().engine)
     client = runtime.client(rt.settings)
     try:

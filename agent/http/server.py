@@ -84,7 +84,8 @@ def _start_evidence_sandbox(settings: Settings) -> subprocess.Popen[bytes] | Non
     return proc
 
 
-def create_app(settings: Settings | None = None, *, worker: bool = True) -> FastAPI:
+def create_app(settings: Settings | None = None, *, worker: bool = True, freeze_heap: bool = True) -> FastAPI:
+    """The service's ASGI app; its lifespan starts the runtime (``runtime.start``'s ``worker`` and ``freeze_heap``)."""
     settings = settings or get_settings()
 
     @asynccontextmanager
@@ -94,7 +95,7 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Fast
         evidence = (
             await asyncio.to_thread(_start_evidence_sandbox, settings) if settings.evidence.uses_sandbox else None
         )
-        rt = await asyncio.to_thread(runtime.start, settings, worker=worker)
+        rt = await asyncio.to_thread(runtime.start, settings, worker=worker, freeze_heap=freeze_heap)
         seeded = 0
         if settings.database.embedded:
             with app_db().engine.connect() as conn:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -53,9 +55,15 @@ def wait_for(check: Callable[[], T | None], *, timeout: float, what: str, interv
         time.sleep(interval)
 
 
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """httpx's verifying TLS context, built once: each build reads the CA bundle, and readiness is polled often."""
+    return httpx.create_ssl_context()
+
+
 def http_ok(url: str) -> bool:
     try:
-        return httpx.get(url, timeout=1.0).status_code == 200
+        return httpx.get(url, timeout=1.0, verify=_tls()).status_code == 200
     except httpx.HTTPError:
         return False
 
