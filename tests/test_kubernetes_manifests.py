@@ -22,6 +22,7 @@ from pydantic import SecretStr
 from agent.cli import parser
 from agent.http.server import HTTP_SHUTDOWN_TIMEOUT_SECONDS, create_app
 from agent.settings import Settings
+from agent.settings.runtime import RuntimeSettings
 from tests.test_docker import instructions
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,14 +61,15 @@ def pods() -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 def setting_names() -> set[str]:
-    return {name.upper() for name in Settings.model_fields}
+    return {name.upper() for name in Settings.variables()}
 
 
 def secret_settings() -> set[str]:
     """Settings typed as secrets (``SecretStr``, optional or not), and the URLs that carry a password."""
     found = set(CREDENTIAL_URLS)
-    for name, field in Settings.model_fields.items():
-        annotation = field.annotation
+    parts = Settings.parts()
+    for name, (part, field_name) in Settings.variables().items():
+        annotation = parts[part].model_fields[field_name].annotation
         members = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
         if SecretStr in members:
             found.add(name.upper())
@@ -166,11 +168,11 @@ def test_secrets_come_from_the_secret_only() -> None:
 
 def test_the_config_map_and_the_secret_example_make_settings_every_process_accepts() -> None:
     values = {**config_map(), **one("Secret", "refund-agent-secrets")["stringData"]}
-    settings = Settings.model_validate({name.lower(): value for name, value in values.items()})  # no environment
-    assert settings.refund_agent_app_version != Settings.model_fields["refund_agent_app_version"].default, (
+    settings = Settings(**{name.lower(): value for name, value in values.items()})
+    assert settings.runtime.app_version != RuntimeSettings.model_fields["app_version"].default, (
         "pin REFUND_AGENT_APP_VERSION across releases (docs/operations/upgrades.md)"
     )
-    assert not settings.uses_sandbox and not settings.uses_evidence_sandbox
+    assert not settings.payments.uses_sandbox and not settings.evidence.uses_sandbox
 
 
 def test_commands_are_real_and_the_migration_job_runs_migrate() -> None:
@@ -188,7 +190,7 @@ def test_commands_are_real_and_the_migration_job_runs_migrate() -> None:
 
 
 def test_grace_period_outlasts_the_drain_on_sigterm() -> None:
-    shutdown = Settings.model_validate({"shutdown_timeout_seconds": config_map()["SHUTDOWN_TIMEOUT_SECONDS"]})
+    shutdown = Settings(shutdown_timeout_seconds=config_map()["SHUTDOWN_TIMEOUT_SECONDS"]).runtime
     for name in ("refund-agent-api", "refund-agent-worker"):
         pod = one("Deployment", name)["spec"]["template"]["spec"]
         (container,) = pod["containers"]
