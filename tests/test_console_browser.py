@@ -109,7 +109,8 @@ def test_operator_signs_in_approves_a_pending_refund_and_watches_it_complete(
     expect(page.locator("#chain")).to_contain_text("chain verified")
     expect(page.locator("#audit")).to_contain_text("approval_decided")
     expect(page.locator("#admin-actions a")).to_have_count(0)  # paid: no action its state would refuse
-    expect(page.locator("dd.money")).to_have_text("4,200.00 USD")  # money one way: as on the list of pending
+    expect(page.locator("#amount-paid")).to_have_text("4,200.00 USD")  # money one way: as on the list of pending
+    expect(page.locator("#asked")).to_contain_text("no amount named")  # the customer named none: the balance
     details = page.locator("#audit").inner_text()
     assert "requested: -" in details and "usage: " in details and "model: offline model; output_tokens: " in details
     assert not any(python in details for python in ("None", "True", "False", "['", "{'"))  # no Python reprs
