@@ -84,6 +84,7 @@ def cmd_worker(_: argparse.Namespace) -> int:
     if settings.telemetry.metrics_port is not None:
         metrics.serve_worker_metrics(settings)
     print(f"worker {rt.settings.runtime.executor_id} running refunds ({rt.model_label}); Ctrl-C stops it")
+    print(f"email: {settings.email.summary()}")
     while not stop.wait(1.0):  # wakes every second, so a signal is acted on even if its wake-up was missed
         pass
     logging.getLogger(__name__).info(

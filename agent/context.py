@@ -14,6 +14,7 @@ from pydantic_ai.usage import UsageLimits
 
 from agent.approvals import ApprovalSettings
 from agent.ops import heartbeat
+from agent.ops.delivery import DeliveryLoop
 from agent.policy import Limits
 from agent.settings import Settings
 
@@ -29,6 +30,8 @@ class Runtime:
     """What one refund may spend at the model (requests, tokens); past it the refund goes to a person."""
     lease: heartbeat.Lease | None = None
     heartbeat: heartbeat.Heartbeat | None = field(default=None, repr=False)
+    delivery: DeliveryLoop | None = field(default=None, repr=False)
+    """This worker's outbox delivery loop (email), when SMTP is configured."""
 
 
 _runtime: Runtime | None = None

@@ -23,8 +23,9 @@ from agent.model_calls import ModelCalls
 from agent.ops import heartbeat
 from agent.ops.checkpoint_store import secure_checkpoints
 from agent.ops.checkpoints import SERIALIZER
+from agent.ops.delivery import DeliveryLoop
 from agent.settings import EvidenceSettings, ModelProviderSettings, PaymentSettings, Settings, get_settings
-from steps import audit, evidence_http, faults, notify, payments
+from steps import audit, evidence_http, faults, mail, notify, payments
 from steps.store import close_app_database, create_engine, normalize_url, open_app_database
 
 log = logging.getLogger(__name__)
@@ -276,6 +277,10 @@ def start(
         polling_interval_sec=settings.runtime.queue_polling_interval_seconds,
     )
     beat.start()
+    if worker:
+        rt.delivery = email_delivery(settings)
+        if rt.delivery is not None:
+            rt.delivery.start()
     log.info(
         "refund runtime started: executor=%s version=%s model=%s worker=%s",
         settings.runtime.executor_id,
@@ -284,6 +289,36 @@ def start(
         worker,
     )
     return rt
+
+
+def email_delivery(settings: Settings) -> DeliveryLoop | None:
+    """The outbox's email delivery loop for this worker; None (messages stay in the outbox) without SMTP_HOST."""
+    email = settings.email
+    if email.smtp_host is None or email.from_address is None:
+        return None
+    url = settings.database.app_database_url
+    engine = create_engine(url) if normalize_url(url).startswith("sqlite") else create_engine(url, pool_size=2)
+    return DeliveryLoop(
+        engine,
+        executor_id=settings.runtime.executor_id,
+        smtp=mail.SmtpConfig(
+            host=email.smtp_host,
+            port=email.port(),
+            security=email.smtp_security,
+            from_address=email.from_address,
+            username=email.smtp_username,
+            password=email.smtp_password.get_secret_value() if email.smtp_password else None,
+            timeout_seconds=email.smtp_timeout_seconds,
+        ),
+        approver_emails=email.approver_emails,
+        policy=mail.RetryPolicy(
+            max_attempts=email.max_attempts,
+            interval_seconds=email.retry_interval_seconds,
+            backoff_rate=email.backoff_rate,
+            claim_seconds=email.claim_seconds,
+        ),
+        poll_seconds=email.poll_interval_seconds,
+    )
 
 
 def _freeze_startup_heap() -> None:
@@ -314,6 +349,9 @@ def stop(workflow_completion_timeout_sec: int = 0) -> None:
     PENDING is recovered by a restart with this id or by a survivor's sweep.
     """
     rt = running()
+    if rt is not None and rt.delivery is not None:
+        rt.delivery.stop()
+        rt.delivery.engine.dispose()
     DBOS.destroy(workflow_completion_timeout_sec=workflow_completion_timeout_sec)
     if rt is not None and rt.heartbeat is not None and rt.lease is not None:
         rt.heartbeat.stop()

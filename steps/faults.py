@@ -21,6 +21,7 @@ CRASH_POINTS = frozenset(
         "after_payment_settled",  # the provider's final answer is booked; the settling workflow has not ended
         "after_carrier_answered",  # the carrier's tracking answered; the look-up step has not checkpointed
         "after_warehouse_answered",  # the warehouse's return answered; the look-up step has not checkpointed
+        "after_email_sent",  # the SMTP server accepted an outbox message; its row is not recorded sent yet
     }
 )
 

@@ -208,6 +208,17 @@ outbox = sa.Table(
     sa.Column("recipient", sa.String(320), nullable=False),
     sa.Column("body", sa.Text, nullable=False),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    # Its delivery (migration 0014, steps/mail.py): pending | sending (claimed) | sent | failed. A claim holds the
+    # worker's executor id, a token and a lease end; times in ms are the database's clock.
+    sa.Column("delivery_state", sa.String(16), nullable=False, server_default="pending"),
+    sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("next_attempt_ms", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("claimed_by", sa.String(200)),
+    sa.Column("claim_token", sa.String(64)),
+    sa.Column("claim_until_ms", sa.BigInteger),
+    sa.Column("last_error", sa.String(500)),
+    sa.Column("sent_at", sa.DateTime(timezone=True)),
+    sa.Index("ix_outbox_delivery_state_next_attempt_ms", "delivery_state", "next_attempt_ms"),
 )
 
 

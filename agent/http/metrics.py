@@ -7,7 +7,8 @@ Two kinds, so that adding processes never double-counts:
   (escalated ones, and ones past their deadline that the deadline workflow has not closed yet), the time
   approvals waited, the depth of the ``refunds`` and ``approvals`` queues in DBOS's system database, and
   the model requests, tokens and (with a price configured) cost that deciding refunds took, by model, and
-  what came of the payment provider's events (verified webhooks, re-reads) by source, outcome and reason.
+  what came of the payment provider's events (verified webhooks, re-reads) by source, outcome and reason, and
+  the outbox's messages by channel and delivery state (pending, sending, sent, failed).
 - **Process counters** (every process; workers serve them on ``REFUND_AGENT_METRICS_PORT``): payment
   retries, counted from DBOS's retry of the payment step.
 """
@@ -26,6 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from agent.settings import ModelPrice, Settings
+from steps import mail
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +118,7 @@ class ClusterCollector(Collector):
                     events.source, events.outcome, events.reason
                 )
             ).all()
+            deliveries = mail.delivery_counts(conn)
         outcomes = CounterMetricFamily(
             "refund_agent_refunds", "Refunds that reached an outcome, by outcome.", labels=["outcome"]
         )
@@ -155,6 +158,7 @@ class ClusterCollector(Collector):
         for source, outcome, reason, count in sorted(event_counts):
             provider.add_metric([source, outcome, reason], int(count))
         yield provider
+        yield _outbox_messages(deliveries)
         depth = GaugeMetricFamily(
             "refund_agent_queue_depth", "Workflows on a queue, by queue and DBOS status.", labels=["queue", "status"]
         )
@@ -216,6 +220,20 @@ class ClusterCollector(Collector):
                 buckets.append(("+Inf" if bound == float("inf") else str(bound), cumulative))
             family.add_metric([decision], buckets, sum_value=sums[decision])
         return family
+
+
+def _outbox_messages(counts: Sequence[tuple[str, str, int]]) -> GaugeMetricFamily:
+    found = {(channel, state): count for channel, state, count in counts}
+    family = GaugeMetricFamily(
+        "refund_agent_outbox_messages",
+        "Messages in the outbox by channel and delivery state: pending (not sent yet, or waiting to retry), sending "
+        "(claimed by a worker), sent, failed (attempts ran out or refused for good).",
+        labels=["channel", "state"],
+    )
+    for channel in sorted({channel for channel, _ in found} | set(mail.EMAIL_CHANNELS)):
+        for state in mail.DELIVERY_STATES:
+            family.add_metric([channel, state], found.get((channel, state), 0))
+    return family
 
 
 def api_registry(

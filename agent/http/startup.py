@@ -43,6 +43,7 @@ def ready_lines(settings: Settings, facts: StartupFacts) -> list[str]:
         f"  console      {console}",
         f"  API docs     {base}/docs",
         f"  API token    {token_at}",
+        f"  email        {settings.email.summary()}",
     ]
     if facts.seeded_orders:
         lines.append(f"  demo orders  {facts.seeded_orders} seeded (ord_1001 ...), with their customers")

@@ -20,6 +20,7 @@ from agent.settings.audit import AuditSettings
 from agent.settings.channels import ChannelSettings
 from agent.settings.console import ConsoleSettings
 from agent.settings.database import DatabaseSettings, MissingSecret, UnsafeDataDirectory
+from agent.settings.email import EmailSettings
 from agent.settings.evidence import EvidenceSettings
 from agent.settings.model import ModelPrice, ModelProviderSettings
 from agent.settings.part import ENV_FILE, MIN_SECRET_BYTES, Part
@@ -38,6 +39,7 @@ __all__ = [
     "ChannelSettings",
     "ConsoleSettings",
     "DatabaseSettings",
+    "EmailSettings",
     "EvidenceSettings",
     "MissingSecret",
     "ModelPrice",
@@ -76,6 +78,7 @@ ISSUED_KEYS = (
     "carrier_api_key",
     "returns_api_key",
     "tickets_api_token",
+    "smtp_password",
 )
 
 
@@ -90,6 +93,7 @@ class Settings(BaseModel):
     server: ServerSettings
     approvals: ApproverSettings
     channels: ChannelSettings
+    email: EmailSettings
     console: ConsoleSettings
     audit: AuditSettings
     payments: PaymentSettings
