@@ -41,6 +41,7 @@ def test_serve_says_where_everything_is_in_under_15_lines_and_no_secret(tmp_path
         assert f"demo orders  {len(demo_charges())} seeded" in text
         assert "model: offline model" in text
         assert "application database at revision" in text  # the migrations' one line
+        assert text.count("email        not sent: SMTP_HOST is unset, messages stay in the outbox") == 1
         for secret in ("api_token", "console_admin_password", "audit.key", "approval_signing.key"):
             value = (data / secret).read_text().strip()
             assert value and value not in text, f"the value of {secret} was printed"
