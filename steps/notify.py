@@ -117,14 +117,17 @@ def queue_customer_message(refund_id: str, message: CustomerMessage, *, about: C
 
 
 def customer_message(conn: sa.Connection, refund_id: str) -> dict[str, str] | None:
-    """The last message the refund's customer was sent, when, and what it was about (the outcome once there is
-    one, else that it waits for a person); None before any."""
+    """The last message the refund's customer was sent, when, what it was about (the outcome once there is one,
+    else that it waits for a person) and how far its email delivery got; None before any."""
     for about in ("outcome", "waiting"):
         row = conn.execute(
-            sa.select(outbox.c.body, outbox.c.created_at).where(outbox.c.message_key == _customer_key(refund_id, about))
+            sa.select(outbox.c.body, outbox.c.created_at, outbox.c.delivery_state).where(
+                outbox.c.message_key == _customer_key(refund_id, about)
+            )
         ).first()
         if row is not None:
-            return {"text": row.body, "sent_at": utc(row.created_at).isoformat(), "about": about}
+            sent_at = utc(row.created_at).isoformat()
+            return {"text": row.body, "sent_at": sent_at, "about": about, "delivery": row.delivery_state}
     return None
 
 

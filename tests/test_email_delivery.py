@@ -25,7 +25,7 @@ from agent.ops.delivery import DeliveryLoop
 from agent.ops.processes import child_env, spawn, stop, wait_for
 from agent.settings import Settings
 from steps import mail
-from steps.notify import notify_approvers_step, notify_customer_step
+from steps.notify import customer_message, notify_approvers_step, notify_customer_step
 from steps.seed import seed
 from steps.store import close_app_database, open_app_database, outbox
 from tests.conftest import Env
@@ -92,6 +92,9 @@ def test_each_message_is_emailed_once_to_its_address_with_a_message_id_from_its_
     app: sa.Engine, smtp: MailServer
 ) -> None:
     customer, approver = queue_customer("r-once"), queue_approver("r-once")
+    with app.connect() as conn:
+        shown = customer_message(conn, "r-once")
+    assert shown is not None and shown["delivery"] == "pending"
     worker = loop(app, smtp)
     assert worker.run_once() == 2
     assert worker.run_once() == 0  # nothing is due any more: nothing is sent again
@@ -102,6 +105,8 @@ def test_each_message_is_emailed_once_to_its_address_with_a_message_id_from_its_
     to_approver = got[mail.message_id(approver, FROM)]
     assert to_approver.to == ("dana@shop.example",) and LINK in to_approver.body
     assert mail.message_id(customer, FROM).endswith("@shop.example>")
+    with app.connect() as conn:
+        assert customer_message(conn, "r-once") == {**shown, "delivery": "sent"}  # GET /refunds/{id} shows it
     for key in (customer, approver):
         row = rows(app)[key]
         assert (row.delivery_state, row.attempts, row.last_error) == ("sent", 1, None)

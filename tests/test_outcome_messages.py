@@ -42,6 +42,7 @@ def told(client: DBOSClient, refund_id: str) -> str:
     shown = refund_status(client, refund_id)
     assert shown is not None and shown["customer_message"]["text"] == sent and shown["customer_message"]["sent_at"]
     assert shown["customer_message"]["about"] == "outcome"
+    assert shown["customer_message"]["delivery"] == "pending"  # no SMTP server here: it stays in the outbox
     return sent
 
 

@@ -183,6 +183,9 @@ class SentMessage(View):
     about: Literal["outcome", "waiting"]
     """``outcome``: how the refund ended (paid, refused, rejected, expired); ``waiting``: that a person must confirm
     it, and by when the customer hears from us again."""
+    delivery: Literal["pending", "sending", "sent", "failed"]
+    """Its email: ``pending`` (not sent yet: no SMTP server is configured, or it waits to be retried), ``sending``,
+    ``sent`` or ``failed`` (attempts ran out, or the address was refused)."""
 
 
 class RefundView(View):
