@@ -69,7 +69,7 @@ class EmailSettings(Part):
         if self.smtp_security == "none" and self.smtp_password is not None and self.smtp_host not in _LOOPBACK:
             raise ValueError("SMTP_SECURITY: none would send SMTP_PASSWORD in clear text; use starttls or ssl")
         if self.claim_seconds < 2 * self.smtp_timeout_seconds:
-            raise ValueError("EMAIL_CLAIM_SECONDS: at least twice SMTP_TIMEOUT_SECONDS, so a slow send keeps its claim")
+            raise ValueError("EMAIL_CLAIM_SECONDS: at least twice SMTP_TIMEOUT_SECONDS, so a send keeps its claim")
         return self
 
     @property
