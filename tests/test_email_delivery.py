@@ -29,7 +29,7 @@ from steps.notify import customer_message, notify_approvers_step, notify_custome
 from steps.seed import seed
 from steps.store import close_app_database, open_app_database, outbox
 from tests.conftest import Env
-from tests.mail_server import PASSWORD, USERNAME, MailServer
+from tests.mail_server import PASSWORD, USERNAME, MailServer, TlsMailServer, self_signed_loopback_cert
 
 FROM = "Refunds <refunds@shop.example>"
 APPROVERS = {"dana": "dana@shop.example", "erin": "refused@shop.example"}
@@ -277,3 +277,40 @@ def test_a_worker_killed_between_send_and_record_resends_once_with_the_same_mess
     output = "".join(p.read_text() for p in logs.glob("*.log"))
     assert f"email: via 127.0.0.1:{smtp.port} (none) from {FROM}" in output
     assert PASSWORD not in output
+
+
+@pytest.mark.parametrize("security", ["starttls", "ssl"])
+def test_a_tls_server_is_verified_and_logged_in_to_before_the_message_is_sent(
+    app: sa.Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, security: mail.Security
+) -> None:
+    cert_file, key_file = self_signed_loopback_cert(tmp_path)
+    server = TlsMailServer(security, cert_file, key_file)
+    try:
+        key = queue_customer(f"r-tls-{security}")
+        worker = loop(app, smtp=server, max_attempts=1)
+        worker.smtp = mail.SmtpConfig("127.0.0.1", server.port, security, FROM, USERNAME, PASSWORD, timeout_seconds=5)
+        worker.run_once()  # the server's certificate is not trusted yet: refused
+        untrusted = rows(app)[key]
+        assert untrusted.delivery_state == "failed" and "CERTIFICATE_VERIFY_FAILED" in untrusted.last_error
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert_file))  # now it is, as a CA the system trusts would be
+        key = queue_customer(f"r-tls-{security}-2")
+        worker.run_once()
+        assert rows(app)[key].delivery_state == "sent"
+        assert [m.message_id for m in server.messages()] == [mail.message_id(key, FROM)]
+    finally:
+        server.stop()
+
+
+def test_a_claim_left_by_a_dead_worker_is_taken_over_only_once_its_lease_ran_out(
+    app: sa.Engine, smtp: MailServer
+) -> None:
+    key = queue_customer("r-lease")
+    dead = mail.claim_next(app, executor_id="worker-dead", token="t" * 32, claim_seconds=0.5)  # then it died
+    assert dead is not None and dead.message_key == key
+    survivor = loop(app, smtp, executor="worker-alive")
+    assert survivor.run_once() == 0  # held: the lease has not run out
+    wait_for(lambda: survivor.run_once() or None, timeout=5, what="the lease to run out", interval=0.05)
+    row = rows(app)[key]
+    assert (row.delivery_state, row.attempts, row.claimed_by) == ("sent", 2, "worker-alive")
+    assert not mail.record_sent(app, dead)  # the dead worker's record, had it lived, is refused
+    assert [m.message_id for m in smtp.messages()] == [mail.message_id(key, FROM)]
