@@ -25,10 +25,11 @@ from agent.ops.delivery import DeliveryLoop
 from agent.ops.processes import child_env, spawn, stop, wait_for
 from agent.settings import Settings
 from steps import mail
+from steps.migrate import upgrade
 from steps.notify import customer_message, notify_approvers_step, notify_customer_step
 from steps.seed import seed
-from steps.store import close_app_database, open_app_database, outbox
-from tests.conftest import Env
+from steps.store import close_app_database, create_engine, open_app_database, outbox
+from tests.conftest import Env, drop_databases, make_databases
 from tests.mail_server import PASSWORD, USERNAME, MailServer, TlsMailServer, self_signed_loopback_cert
 
 FROM = "Refunds <refunds@shop.example>"
@@ -314,3 +315,26 @@ def test_a_claim_left_by_a_dead_worker_is_taken_over_only_once_its_lease_ran_out
     assert (row.delivery_state, row.attempts, row.claimed_by) == ("sent", 2, "worker-alive")
     assert not mail.record_sent(app, dead)  # the dead worker's record, had it lived, is refused
     assert [m.message_id for m in smtp.messages()] == [mail.message_id(key, FROM)]
+
+
+def test_messages_queued_before_the_delivery_migration_are_pending_and_undelivered(tmp_path: Path, env: Env) -> None:
+    (tmp_path / "old").mkdir()
+    empty = make_databases(env.backend, tmp_path / "old", migrated=False)
+    try:
+        upgrade(empty.app_url, "0013")
+        engine = create_engine(empty.app_url)
+        try:
+            with engine.begin() as conn:
+                conn.execute(
+                    sa.text(
+                        "INSERT INTO outbox (message_key, refund_id, channel, recipient, body, created_at) "
+                        "VALUES ('r-old:customer', 'r-old', 'email', 'cus_ada', 'paid', CURRENT_TIMESTAMP)"
+                    )
+                )
+            upgrade(empty.app_url)
+            row = rows(engine)["r-old:customer"]
+            assert (row.delivery_state, row.attempts, row.next_attempt_ms, row.sent_at) == ("pending", 0, 0, None)
+        finally:
+            engine.dispose()
+    finally:
+        drop_databases(empty)
