@@ -19,6 +19,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 from playwright.sync_api import expect, sync_playwright
+from sqlalchemy.engine import make_url
 
 from agent.approvals import deadline_id, escalation_id
 from agent.ops.checkpoints import NAME
@@ -55,17 +56,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def documented_role() -> list[str]:
+    """The statements docs/operations/dbos-console.md gives for argus's Postgres role (the block under its marker)."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "operations" / "dbos-console.md").read_text()
+    block = page.split("<!-- argus-role -->\n```sql\n", 1)[1].split("```", 1)[0]
+    return [line for line in block.splitlines() if line.strip()]
+
+
 def read_only_url(backend: str, system_url: str) -> tuple[str, str | None]:
-    """A URL through which the system database can only be read (and the Postgres role made for it)."""
+    """A URL through which argus can only read the system database (and the Postgres role made for it, as the
+    documentation says)."""
     if backend == "sqlite":
         return f"sqlite:///file:{system_url.removeprefix('sqlite:///')}?mode=ro&uri=true", None
-    role = f"argus_{secrets.token_hex(4)}"
+    role, password = f"argus_{secrets.token_hex(4)}", secrets.token_hex(8)
     with psycopg.connect(system_url, autocommit=True) as conn:
-        conn.execute(f"CREATE ROLE {role} LOGIN")
-        conn.execute(f"GRANT USAGE ON SCHEMA dbos TO {role}")
-        conn.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA dbos TO {role}")
-    server, database = system_url.rsplit("/", 1)
-    return f"postgresql://{role}@{server.split('@', 1)[1]}/{database}", role
+        [(service_role,)] = conn.execute("SELECT current_user").fetchall()
+        for statement in documented_role():
+            named = statement.replace("argus_viewer", role).replace("<service role>", service_role)
+            conn.execute(named.replace("<password>", password))
+    url = make_url(system_url).set(drivername="postgresql", username=role, password=password)
+    return url.render_as_string(hide_password=False), role
 
 
 def drop_role(system_url: str, role: str) -> None:
