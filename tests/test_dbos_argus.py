@@ -158,6 +158,13 @@ def status_rows(viewer: Viewer) -> list[tuple[Any, ...]]:
     return [tuple(r) for r in rows]
 
 
+def test_argus_reads_the_system_database_and_names_it_without_its_password(viewer: Viewer) -> None:
+    health = viewer.http.get("/healthz").json()
+    assert health["database"] == "up" and health["database_dialect"] == viewer.backend
+    password = make_url(viewer.read_only_url).password
+    assert password is None or str(password) not in json.dumps(health)
+
+
 def test_argus_lists_each_refund_with_the_timers_of_the_one_waiting_for_a_person(viewer: Viewer) -> None:
     listed = viewer.http.get("/api/workflows", params={"limit": 200, "grouped": "false"}).json()
     seen = {w["workflow_id"]: (w["name"], w["status"]) for w in listed}
