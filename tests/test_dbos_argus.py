@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ from sqlalchemy.engine import make_url
 
 from agent.approvals import deadline_id, escalation_id
 from agent.ops.checkpoints import NAME
-from agent.ops.processes import wait_for
+from agent.ops.processes import free_port, wait_for
 from agent.settings import Settings
 from agent.status import wait_for_outcome
 from steps import audit
@@ -48,12 +47,6 @@ class Viewer:
     http: httpx.Client
     paid: str
     parked: str
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def documented_role() -> list[str]:
@@ -96,6 +89,7 @@ def viewer(
     audit.use_key(env.settings().audit_key())
     role = None
     argus = None
+    http = None
     try:
         with running(env) as client:
             paid = submit(client, "argus:paid.1", "ord_1001", "The mouse stopped working.")
@@ -114,6 +108,8 @@ def viewer(
         wait_for(lambda: up(http, argus, log), timeout=30, what="dbos-argus to answer", interval=0.1)
         yield Viewer(backend, dbs.system_url, url, http, paid, waiting)
     finally:
+        if http is not None:
+            http.close()
         if argus is not None:
             argus.terminate()
             argus.wait(timeout=10)
