@@ -3,6 +3,7 @@ repository's dbos-config.yaml (copied next to the test's embedded-default data d
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -10,19 +11,21 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 from dbos import DBOSClient
 
 from agent import approvals, runtime
 from agent.approval_workflows import decide_here
 from agent.approvals import deadline_id, escalation_id, settle_id
-from agent.ops.processes import wait_for
+from agent.ops.processes import free_port, spawn, stop, wait_for
 from agent.settings import Settings
 from agent.status import wait_for_outcome
 from steps import audit
 from steps.store import app_db, orders
 from tests.conftest import Env
 from tests.identities import DANA
+from tests.test_secrets import clean_env
 from tests.test_workflow import parked, submit
 
 REPO = Path(__file__).resolve().parents[1]
@@ -156,3 +159,17 @@ def test_conductor_is_optional_and_gets_the_key_only_when_configured(tmp_path: P
     configured = settings(dbos_conductor_key="conductor-key-for-test")
     assert runtime.dbos_config(configured).get("conductor_key") == "conductor-key-for-test"
     assert "conductor-key-for-test" not in repr(configured)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("dbos_enterprise") is not None, reason="dbos-enterprise is installed")
+def test_a_conductor_key_without_dbos_enterprise_stops_the_service_at_start_with_dbos_s_error(tmp_path: Path) -> None:
+    ports = {name: str(free_port()) for name in ("REFUND_AGENT_PORT", "PAYMENTS_SANDBOX_PORT", "EVIDENCE_SANDBOX_PORT")}
+    env = clean_env(tmp_path, DBOS_CONDUCTOR_KEY="conductor-key-for-test-0123456789", **ports)
+    log = tmp_path / "serve.log"
+    serve = spawn(["serve"], env=env, log=log)
+    try:
+        wait_for(lambda: serve.poll() is not None, timeout=60, what="serve to stop at start")
+    finally:
+        stop(serve)
+    assert serve.returncode != 0
+    assert "Connecting to DBOS Conductor requires the dbos-enterprise package" in log.read_text()

@@ -14,7 +14,8 @@ from tests.conftest import Env
 from tests.console_server import console_server
 from tests.test_workflow import parked, submit
 
-ARGUS = "http://127.0.0.1:8090/workflows/{workflow_id}"
+ARGUS = "http://127.0.0.1:8090/#/workflows/{workflow_id}"
+HOSTED = "https://console.example.com/apps/refunds/workflows/{workflow_id}"
 
 
 def links(html: str) -> list[str]:
@@ -29,8 +30,21 @@ def test_each_workflow_of_a_refund_links_to_its_dbos_console_view_when_configure
             html = http.get(f"/console/refunds/{refund_id}").text
     workflows = re.findall(r'data-workflow="([^"]+)"', html)
     assert refund_id in workflows and len(workflows) >= 2  # the deciding workflow and its timers
-    assert links(html) == [ARGUS.replace("{workflow_id}", quote(w, safe="")) for w in workflows]
-    assert f"{ARGUS[:-13]}dbos%3Alink.1%2Fdeadline" in links(html)  # a workflow id is one path segment
+    # argus reads the id from the page's fragment, which it decodes once first: escaped twice there.
+    assert links(html) == [ARGUS.replace("{workflow_id}", quote(quote(w, safe=""), safe="")) for w in workflows]
+    assert f"{ARGUS[:-13]}dbos%253Alink.1%252Fdeadline" in links(html)  # opens the timer (tests/test_dbos_argus.py)
+
+
+@pytest.mark.parametrize(
+    ("url", "link"),
+    [
+        (HOSTED, "https://console.example.com/apps/refunds/workflows/r%3A1%2Fsettle"),  # one path segment
+        (ARGUS, "http://127.0.0.1:8090/#/workflows/r%253A1%252Fsettle"),
+        ("https://viewer.example.com/w/{workflow_id}#steps", "https://viewer.example.com/w/r%3A1%2Fsettle#steps"),
+    ],
+)
+def test_a_workflow_id_is_escaped_as_one_segment_and_once_more_inside_a_fragment(url: str, link: str) -> None:
+    assert Settings(refund_agent_dbos_console_url=url).console.dbos_console_link("r:1/settle") == link
 
 
 def test_no_dbos_console_link_is_shown_when_none_is_configured(env: Env) -> None:

@@ -91,6 +91,7 @@ class Elsewhere:
 
 _CI_INSTALL = Elsewhere(".ci/run", ("pip install -q -e '.[dev,bench]'",), "CI installs the project editable, with more")
 _DBOS_CLI = Elsewhere("tests/test_dbos_cli.py")
+_ARGUS = Elsewhere("tests/test_dbos_argus.py", why="on a free loopback port, against the test's system database")
 _DRILL = Elsewhere("tests/test_rolling_upgrade.py", ("run_drill(", "workers=", "refunds=", "out="), "small size")
 
 #: (b) Commands a test file or CI script runs.
@@ -128,6 +129,10 @@ RUN_ELSEWHERE: dict[str, Elsewhere] = {
     "dbos workflow cancel req-2026-0001/settle": _DBOS_CLI,
     "dbos workflow resume req-2026-0001/settle": _DBOS_CLI,
     "dbos workflow fork req-2026-0001/settle --step <> --forked-workflow-id req-2026-0001-retry": _DBOS_CLI,
+    "pip install --ignore-requires-python dbos-argus==0.0.41": Elsewhere(".ci/run"),
+    "dbos-argus --db-url 'sqlite:///file:/srv/.refund-agent/dbos_system.sqlite?mode=ro&uri=true' --host 127.0.0.1 "
+    "--port 8090": _ARGUS,
+    "dbos-argus --db-url postgresql://argus_viewer:<>@<>:5432/<> --host 127.0.0.1 --port 8090": _ARGUS,
     "pg_createcluster 15 chaos -p 5433": Elsewhere(
         ".ci/pg-chaos-cluster", ("pg_createcluster", "chaos -p 5433"), "with the Postgres version installed"
     ),
@@ -150,10 +155,6 @@ RUN_ELSEWHERE: dict[str, Elsewhere] = {
     ),
 }
 
-_NEEDS_PYTHON_312 = (
-    "dbos-argus needs Python 3.12 or newer, the test machines have 3.11; the JSON it reads is tested by"
-    " test_checkpoint_format.py"
-)
 _NO_DOCKER = "no Docker engine where the tests run; tests/test_docker.py checks compose.yaml and the image's command"
 _NO_CLUSTER = "no Kubernetes cluster where the tests run; tests/test_kubernetes_manifests.py validates the manifests"
 _BY_HAND = "mutation testing runs by hand or on a schedule (about 40 minutes), never in CI"
@@ -174,7 +175,6 @@ NOT_RUNNABLE_HERE: dict[str, str] = {
     "pip install -e '.[dev,mutation]'": _BY_HAND,
     "bash tests/mutation/run.sh": _BY_HAND,
     "bash tests/mutation/run.sh tokens": _BY_HAND,
-    "dbos-argus --db-url postgresql://argus:<>@<>:5432/<> --host 127.0.0.1 --port 8090": _NEEDS_PYTHON_312,
     "python -m tests.screenshots": "renews the pictures in docs/console/ (it writes into the repository): run by hand",
 }
 

@@ -41,8 +41,8 @@ class ConsoleSettings(Part):
     in; only allowed with the OpenID provider configured."""
     dbos_console_url: str | None = Field(default=None, alias="refund_agent_dbos_console_url")
     """Where a DBOS console shows one workflow, with ``{workflow_id}`` where its id goes, e.g.
-    ``http://127.0.0.1:8090/workflows/{workflow_id}`` (dbos-argus on loopback) or DBOS Console's workflow page. The
-    operator console links each of a refund's workflows there. Unset: no link."""
+    ``http://127.0.0.1:8090/#/workflows/{workflow_id}`` (dbos-argus on loopback) or DBOS Console's workflow page.
+    The operator console links each of a refund's workflows there. Unset: no link."""
 
     _own = field_validator("session_secret")(own_secret)
 
@@ -64,11 +64,17 @@ class ConsoleSettings(Part):
     def _workflow_link(cls, value: str | None) -> str | None:
         if value is not None and (not value.startswith(("http://", "https://")) or "{workflow_id}" not in value):
             raise ValueError(
-                "must be an http(s) URL with {workflow_id} in it, e.g. http://127.0.0.1:8090/workflows/{workflow_id}"
+                "must be an http(s) URL with {workflow_id} in it, e.g. http://127.0.0.1:8090/#/workflows/{workflow_id}"
             )
         return value
 
     def dbos_console_link(self, workflow_id: str) -> str | None:
-        """The DBOS console's page of one workflow (its id escaped into the URL's path), or None when unset."""
+        """The DBOS console's page of one workflow, or None when unset. The id is escaped as one path segment
+        (``a/settle`` -> ``a%2Fsettle``); after a ``#`` it is escaped twice, because a hash-routed page such as
+        dbos-argus decodes its fragment once before it reads the id from it."""
         url = self.dbos_console_url
-        return url.replace("{workflow_id}", quote(workflow_id, safe="")) if url else None
+        if url is None:
+            return None
+        segment = quote(workflow_id, safe="")
+        in_fragment = "#" in url.split("{workflow_id}", 1)[0]
+        return url.replace("{workflow_id}", quote(segment, safe="") if in_fragment else segment)
