@@ -237,6 +237,9 @@ class Env:
             "REFUND_AGENT_EXECUTOR_ID": "test-worker",
             "QUEUE_POLLING_INTERVAL_SECONDS": "0.1",
             "NOTIFICATION_POLLING_INTERVAL_SECONDS": "0.1",
+            # A stopped test process has nothing to drain (a test of draining sets its own); DBOS waits at least
+            # a second for in-flight work whenever this is above 0.
+            "SHUTDOWN_TIMEOUT_SECONDS": "0",
         }
         if self.evidence is not None:
             env.update(self.evidence.env_vars())
@@ -279,6 +282,26 @@ def env(request: pytest.FixtureRequest, tmp_path: Path, evidence_sandbox: Eviden
         yield env
     finally:
         audit.use_anchor(None)
+        audit.use_key(None)
+        sandbox.close()
+        drop_databases(dbs)
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def module_env(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, evidence_sandbox: EvidenceServer
+) -> Iterator[Env]:
+    """One ``Env`` per backend for a whole module, for tests that share one live service and keep out of each
+    other's way (their own idempotency keys, nothing counted across the module). This process gets its audit key
+    for the set-up (seeding, adding clients); a function-scoped ``env`` in the same module replaces it."""
+    root = tmp_path_factory.mktemp(f"shared-{request.param}")
+    dbs = make_databases(request.param, root)
+    sandbox = SandboxServer(f"sqlite:///{root}/sandbox.sqlite")
+    env = Env(request.param, dbs, root / "data", sandbox, evidence_sandbox)
+    audit.use_key(env.settings().audit_key())
+    try:
+        yield env
+    finally:
         audit.use_key(None)
         sandbox.close()
         drop_databases(dbs)

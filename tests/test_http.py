@@ -10,6 +10,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -109,6 +110,25 @@ class Server:
         self.http.close()
 
 
+@contextmanager
+def running_server(env: Env, logs: Path, slack: CaptureServer) -> Iterator[Server]:
+    settings = env.settings()
+    runtime.migrate_databases(settings)
+    open_app_database(settings.database.app_database_url)
+    seed(app_db().engine)
+    add_approver_client(app_db().engine, APPROVER_KEY)
+    srv = Server(env, logs, slack)
+    srv.start()
+    try:
+        yield srv
+    except BaseException:
+        print((logs / "server.log").read_text()[-5000:])
+        raise
+    finally:
+        srv.close()
+        close_app_database()
+
+
 @pytest.fixture
 def slack() -> Iterator[CaptureServer]:
     with CaptureServer() as capture:
@@ -117,21 +137,16 @@ def slack() -> Iterator[CaptureServer]:
 
 @pytest.fixture
 def server(env: Env, tmp_path: Path, slack: CaptureServer) -> Iterator[Server]:
-    settings = env.settings()
-    runtime.migrate_databases(settings)
-    open_app_database(settings.database.app_database_url)
-    seed(app_db().engine)
-    add_approver_client(app_db().engine, APPROVER_KEY)
-    srv = Server(env, tmp_path / "logs", slack)
-    srv.start()
-    try:
+    with running_server(env, tmp_path / "logs", slack) as srv:
         yield srv
-    except BaseException:
-        print((tmp_path / "logs" / "server.log").read_text()[-5000:])
-        raise
-    finally:
-        srv.close()
-        close_app_database()
+
+
+@pytest.fixture(scope="module")
+def refusing_server(module_env: Env, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One server per backend for the tests of requests it refuses: none of them may start anything, so they
+    share it (and its sandbox's empty ledger says so for all of them)."""
+    with CaptureServer() as capture, running_server(module_env, tmp_path_factory.mktemp("logs"), capture) as srv:
+        yield srv
 
 
 def test_submit_and_follow_to_completed(env: Env, server: Server) -> None:
@@ -187,18 +202,19 @@ def test_submit_and_follow_to_completed(env: Env, server: Server) -> None:
     ],
 )
 def test_bad_requests_get_problem_details_and_start_nothing(
-    env: Env, server: Server, headers: dict[str, str], body: dict[str, Any], status: int
+    module_env: Env, refusing_server: Server, headers: dict[str, str], body: dict[str, Any], status: int
 ) -> None:
-    response = server.http.post("/refunds", json=body, headers=headers)
+    response = refusing_server.http.post("/refunds", json=body, headers=headers)
     assert response.status_code == status, response.text
     assert response.headers["content-type"].startswith("application/problem+json")
     problem = response.json()
     assert problem["status"] == status and problem["title"] and problem["detail"]
     assert "Traceback" not in response.text
-    assert env.sandbox.refunds() == []
+    assert module_env.sandbox.refunds() == []
 
 
-def test_transport_limits_and_reads_need_the_token(server: Server) -> None:
+def test_transport_limits_and_reads_need_the_token(refusing_server: Server) -> None:
+    server = refusing_server
     huge = server.http.post(
         "/refunds",
         content=b'{"order_id": "ord_1001", "message": "' + b"x" * 70_000 + b'"}',
