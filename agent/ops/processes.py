@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import random
 import socket
 import ssl
 import subprocess
@@ -16,10 +17,26 @@ from typing import Any, TypeVar
 import httpx
 
 T = TypeVar("T")
+_random = random.SystemRandom()  # not seeded by tests or libraries that seed `random`
+
+
+#: Where ``free_port`` looks: below Linux's default ephemeral range (32768-60999), which the kernel hands out both to
+#: ``bind(port 0)`` and as the source port of every outgoing connection. A port found free there stays free until
+#: the process it is for binds it, unless another caller of ``free_port`` drew the same number.
+_PORTS = range(20000, 32768)
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
+    """A loopback port free now, for a process or server about to bind it."""
+    for _ in range(200):
+        port = _random.choice(_PORTS)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:  # the range is crowded: any port the kernel gives
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
