@@ -3,9 +3,11 @@ their answer only."""
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import httpx
+import pytest
 
 from agent.ops.processes import free_port, http_ok, spawn, stop, wait_for
 from steps.seed import demo_charges
@@ -77,3 +79,14 @@ def test_a_read_command_prints_only_its_answer(tmp_path: Path) -> None:
     assert found.returncode == 1
     assert found.stdout == ""
     assert found.stderr == "no refund no-such-refund\n"  # the answer, without migration or DBOS lines
+
+
+def test_a_command_run_in_this_process_leaves_the_garbage_collector_as_it_found_it() -> None:
+    """The command line turns the cyclic collector off while a command imports what it needs; a caller that runs
+    ``main`` in its own process (a test, a script) gets it back on, however the command ends."""
+    from agent.cli import main
+
+    assert gc.isenabled()
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert gc.isenabled()
