@@ -18,7 +18,7 @@ from dbos import DBOSClient
 from agent import approvals, runtime
 from agent.approval_workflows import decide_here
 from agent.approvals import deadline_id, escalation_id, settle_id
-from agent.ops.processes import free_port, spawn, stop, wait_for
+from agent.ops.processes import free_port, http_ok, spawn, stop, wait_for
 from agent.settings import Settings
 from agent.status import wait_for_outcome
 from steps import audit
@@ -173,3 +173,6 @@ def test_a_conductor_key_without_dbos_enterprise_stops_the_service_at_start_with
         stop(serve)
     assert serve.returncode != 0
     assert "Connecting to DBOS Conductor requires the dbos-enterprise package" in log.read_text()
+    # The sandboxes it started before DBOS refused are stopped with it, not left running without a parent.
+    for name in ("PAYMENTS_SANDBOX_PORT", "EVIDENCE_SANDBOX_PORT"):
+        assert not http_ok(f"http://127.0.0.1:{ports[name]}/_sandbox/healthz"), f"the sandbox on {name} is running"

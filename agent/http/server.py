@@ -10,7 +10,7 @@ import re
 import signal
 import subprocess
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import ExitStack, asynccontextmanager
 from typing import Any
 
 import sqlalchemy as sa
@@ -91,44 +91,48 @@ def create_app(settings: Settings | None = None, *, worker: bool = True, freeze_
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         logging.getLogger("uvicorn.access").addFilter(RedactApprovalTokens())
-        sandbox = await asyncio.to_thread(_start_sandbox, settings) if settings.payments.uses_sandbox else None
-        evidence = (
-            await asyncio.to_thread(_start_evidence_sandbox, settings) if settings.evidence.uses_sandbox else None
-        )
-        rt = await asyncio.to_thread(runtime.start, settings, worker=worker, freeze_heap=freeze_heap)
-        seeded = 0
-        if settings.database.embedded:
-            with app_db().engine.connect() as conn:
-                empty = conn.execute(sa.select(sa.func.count()).select_from(orders)).scalar_one() == 0
-            if empty:
-                seeded = seed(app_db().engine)
-        default_client = clients.ensure_default_client(app_db().engine, settings.api_token())
-        if default_client is None:
-            log.warning("the API token is not a live client's key (the client %r was revoked)", clients.DEFAULT_CLIENT)
-        client = runtime.client(settings)
-        from agent.approval_workflows import decide_here
+        with ExitStack() as children:  # a start that fails stops the sandboxes it started, as a stop does
+            sandbox = await asyncio.to_thread(_start_sandbox, settings) if settings.payments.uses_sandbox else None
+            if sandbox is not None:
+                children.callback(stop, sandbox)
+            evidence = (
+                await asyncio.to_thread(_start_evidence_sandbox, settings) if settings.evidence.uses_sandbox else None
+            )
+            if evidence is not None:
+                children.callback(stop, evidence)
+            rt = await asyncio.to_thread(runtime.start, settings, worker=worker, freeze_heap=freeze_heap)
+            seeded = 0
+            if settings.database.embedded:
+                with app_db().engine.connect() as conn:
+                    empty = conn.execute(sa.select(sa.func.count()).select_from(orders)).scalar_one() == 0
+                if empty:
+                    seeded = seed(app_db().engine)
+            default_client = clients.ensure_default_client(app_db().engine, settings.api_token())
+            if default_client is None:
+                log.warning(
+                    "the API token is not a live client's key (the client %r was revoked)", clients.DEFAULT_CLIENT
+                )
+            client = runtime.client(settings)
+            from agent.approval_workflows import decide_here
 
-        app.state.services = Services(settings, client, rt.limits, settings.signing_secret(), decide_here)
-        prices = settings.model.prices
-        app.state.metrics = metrics.api_registry(app_db().engine, client, runtime.QUEUES, prices)
-        console.setup(app, settings)
-        app.state.startup_facts = startup.StartupFacts(
-            worker=worker,
-            model_label=rt.model_label,
-            seeded_orders=seeded,
-            token_generated=settings.server.api_token is None,
-            admin_password_file=str(settings.console_admin_password_file())
-            if app.state.console.generated_admin
-            else None,
-        )
-        try:
-            yield
-        finally:
-            client.destroy()
-            await asyncio.to_thread(runtime.stop, settings.runtime.shutdown_timeout_seconds)
-            for child in (sandbox, evidence):
-                if child is not None:
-                    stop(child)
+            app.state.services = Services(settings, client, rt.limits, settings.signing_secret(), decide_here)
+            prices = settings.model.prices
+            app.state.metrics = metrics.api_registry(app_db().engine, client, runtime.QUEUES, prices)
+            console.setup(app, settings)
+            app.state.startup_facts = startup.StartupFacts(
+                worker=worker,
+                model_label=rt.model_label,
+                seeded_orders=seeded,
+                token_generated=settings.server.api_token is None,
+                admin_password_file=str(settings.console_admin_password_file())
+                if app.state.console.generated_admin
+                else None,
+            )
+            try:
+                yield
+            finally:
+                client.destroy()
+                await asyncio.to_thread(runtime.stop, settings.runtime.shutdown_timeout_seconds)
 
     app = FastAPI(
         title="refund-agent",
