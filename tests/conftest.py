@@ -8,6 +8,7 @@ import sqlite3
 import tempfile
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -301,12 +302,13 @@ def evidence_sandbox() -> Iterator[EvidenceServer]:
         server.stop()
 
 
-@pytest.fixture(params=BACKENDS)
-def env(request: pytest.FixtureRequest, tmp_path: Path, evidence_sandbox: EvidenceServer) -> Iterator[Env]:
-    dbs = make_databases(request.param, tmp_path)
-    sandbox = SandboxServer(f"sqlite:///{tmp_path}/sandbox.sqlite")
-    env = Env(request.param, dbs, tmp_path / "data", sandbox, evidence_sandbox)
-    # This process appends and verifies with the key its workers generate into the shared data directory.
+@contextmanager
+def _fresh_env(backend: str, root: Path, evidence: EvidenceServer) -> Iterator[Env]:
+    """Databases, a payments sandbox and a data directory under ``root``; this process appends and verifies the
+    audit chain with the key its workers generate into that shared data directory."""
+    dbs = make_databases(backend, root)
+    sandbox = SandboxServer(f"sqlite:///{root}/sandbox.sqlite")
+    env = Env(backend, dbs, root / "data", sandbox, evidence)
     audit.use_key(env.settings().audit_key())
     try:
         yield env
@@ -317,24 +319,22 @@ def env(request: pytest.FixtureRequest, tmp_path: Path, evidence_sandbox: Eviden
         drop_databases(dbs)
 
 
+@pytest.fixture(params=BACKENDS)
+def env(request: pytest.FixtureRequest, tmp_path: Path, evidence_sandbox: EvidenceServer) -> Iterator[Env]:
+    with _fresh_env(request.param, tmp_path, evidence_sandbox) as fresh:
+        yield fresh
+
+
 @pytest.fixture(scope="module", params=BACKENDS)
 def module_env(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, evidence_sandbox: EvidenceServer
 ) -> Iterator[Env]:
     """One ``Env`` per backend for a whole module, for tests that share one live service and keep out of each
-    other's way (their own idempotency keys, nothing counted across the module). This process gets its audit key
-    for the set-up (seeding, adding clients); a function-scoped ``env`` in the same module replaces it."""
+    other's way (their own idempotency keys, nothing counted across the module). Its audit key serves the set-up
+    (seeding, adding clients); a function-scoped ``env`` in the same module replaces it."""
     root = tmp_path_factory.mktemp(f"shared-{request.param}")
-    dbs = make_databases(request.param, root)
-    sandbox = SandboxServer(f"sqlite:///{root}/sandbox.sqlite")
-    env = Env(request.param, dbs, root / "data", sandbox, evidence_sandbox)
-    audit.use_key(env.settings().audit_key())
-    try:
-        yield env
-    finally:
-        audit.use_key(None)
-        sandbox.close()
-        drop_databases(dbs)
+    with _fresh_env(request.param, root, evidence_sandbox) as fresh:
+        yield fresh
 
 
 @pytest.fixture
