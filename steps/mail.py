@@ -24,7 +24,7 @@ from typing import Literal
 import sqlalchemy as sa
 
 from steps.faults import crash_point
-from steps.store import customers, outbox
+from steps.store import customers, db_now_ms, outbox
 
 log = logging.getLogger(__name__)
 
@@ -75,15 +75,6 @@ class Claim:
 
 class PermanentFailure(Exception):
     """A message that no retry can deliver (the server refused every recipient, or there is no address)."""
-
-
-def db_now_ms(conn: sa.Connection) -> int:
-    """The database's clock in epoch milliseconds: the clock every worker's leases are measured on."""
-    if conn.dialect.name == "sqlite":
-        expr = sa.text("SELECT CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)")
-    else:
-        expr = sa.text("SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)")
-    return int(conn.execute(expr).scalar_one())
 
 
 def _due(now: int, executor_id: str, token: str) -> sa.ColumnElement[bool]:

@@ -461,3 +461,12 @@ def read_step(name: str) -> Callable[[Callable[Concatenate[sa.Connection, P], R]
         )(read)
 
     return decorator
+
+
+def db_now_ms(conn: sa.Connection) -> int:
+    """The database's clock in epoch milliseconds: the one clock every host shares (leases, delivery claims)."""
+    if conn.dialect.name == "sqlite":
+        expr = sa.text("SELECT CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)")
+    else:
+        expr = sa.text("SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)")
+    return int(conn.execute(expr).scalar_one())

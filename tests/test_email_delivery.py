@@ -28,7 +28,7 @@ from steps import mail
 from steps.migrate import upgrade
 from steps.notify import customer_message, notify_approvers_step, notify_customer_step
 from steps.seed import seed
-from steps.store import close_app_database, create_engine, open_app_database, outbox
+from steps.store import close_app_database, create_engine, db_now_ms, open_app_database, outbox
 from tests.conftest import Env, drop_databases, make_databases
 from tests.mail_server import PASSWORD, USERNAME, MailServer, TlsMailServer, self_signed_loopback_cert
 
@@ -125,7 +125,7 @@ def test_a_refused_send_is_retried_after_a_growing_wait_then_delivered(app: sa.E
         assert (row.delivery_state, row.attempts) == ("pending", attempt)
         assert row.last_error.startswith("SMTPDataError: 451")
         with app.connect() as conn:
-            waits.append(row.next_attempt_ms - mail.db_now_ms(conn))
+            waits.append(row.next_attempt_ms - db_now_ms(conn))
         assert worker.run_once() == 0  # not due before its wait is over
         wait_for(lambda: worker.run_once() or None, timeout=5, what="the next attempt", interval=0.02)
     assert 150 < waits[0] <= 300 and 450 < waits[1] <= 600, waits  # 0.3 s, then 0.6 s

@@ -29,7 +29,7 @@ from agent.ops import heartbeat
 from agent.ops.processes import wait_for
 from agent.status import wait_for_outcome
 from agent.submit import submit_refund
-from steps.store import app_db, executor_leases, refunds
+from steps.store import app_db, db_now_ms, executor_leases, refunds
 from tests.conftest import BACKENDS, Env
 from tests.identities import HELPDESK
 from tests.scale_cluster import API_TOKEN, Cluster
@@ -214,7 +214,7 @@ def _rows_paying(refund_ids: list[str]) -> bool:
 
 def _stale(cluster: Cluster, executor_id: str, stale_after: float) -> bool:
     with app_db().engine.connect() as conn:
-        now = heartbeat.now_ms(conn)
+        now = db_now_ms(conn)
         beat = conn.execute(
             sa.select(executor_leases.c.beat_ms).where(executor_leases.c.executor_id == executor_id)
         ).scalar_one()

@@ -30,7 +30,7 @@ from typing import Any
 import sqlalchemy as sa
 from dbos import DBOS
 
-from steps.store import executor_leases
+from steps.store import db_now_ms, executor_leases
 
 log = logging.getLogger(__name__)
 
@@ -49,15 +49,6 @@ def lease_engine(app_database_url: str) -> sa.Engine:
 
 class ExecutorIdInUse(RuntimeError):
     """Another live process holds the executor id's lease."""
-
-
-def now_ms(conn: sa.Connection) -> int:
-    """The database's clock in epoch milliseconds: the one clock every host shares."""
-    if conn.dialect.name == "sqlite":
-        expr = sa.text("SELECT CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)")
-    else:
-        expr = sa.text("SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)")
-    return int(conn.execute(expr).scalar_one())
 
 
 def pid_alive(pid: int) -> bool:
@@ -99,7 +90,7 @@ def try_claim(engine: sa.Engine, lease: Lease, *, stale_after: float) -> Any | N
     query = sa.select(executor_leases).where(executor_leases.c.executor_id == lease.executor_id)
     try:
         with engine.begin() as conn:
-            now = now_ms(conn)
+            now = db_now_ms(conn)
             row = conn.execute(query.with_for_update()).first()
             if row is not None and not _holder_is_gone(
                 row, now=now, stale_after_ms=int(stale_after * 1000), host=lease.host, pid=lease.pid
@@ -162,7 +153,7 @@ def release(engine: sa.Engine, lease: Lease) -> None:
         conn.execute(
             sa.update(executor_leases)
             .where(executor_leases.c.executor_id == lease.executor_id, executor_leases.c.token == lease.token)
-            .values(state=STOPPED, beat_ms=now_ms(conn))
+            .values(state=STOPPED, beat_ms=db_now_ms(conn))
         )
 
 
@@ -191,7 +182,7 @@ def renew(engine: sa.Engine, lease: Lease) -> bool:
                 executor_leases.c.token == lease.token,
                 executor_leases.c.state == RUNNING,
             )
-            .values(beat_ms=now_ms(conn))
+            .values(beat_ms=db_now_ms(conn))
         )
     return done.rowcount == 1
 
@@ -200,7 +191,7 @@ def claim_dead(engine: sa.Engine, lease: Lease, *, stale_after: float) -> list[t
     """Take over the leases of executors (same app version) that stopped or went stale; ids and age (ms)."""
     taken: list[tuple[str, int]] = []
     with engine.begin() as conn:
-        now = now_ms(conn)
+        now = db_now_ms(conn)
         t = executor_leases.c
         rows = conn.execute(
             sa.select(executor_leases).where(
@@ -217,7 +208,7 @@ def claim_dead(engine: sa.Engine, lease: Lease, *, stale_after: float) -> list[t
             won = conn.execute(
                 sa.update(executor_leases)
                 .where(t.executor_id == row.executor_id, t.token == row.token, t.state == row.state)
-                .values(state=RECOVERING, token=lease.token, host=lease.host, pid=lease.pid, beat_ms=now_ms(conn))
+                .values(state=RECOVERING, token=lease.token, host=lease.host, pid=lease.pid, beat_ms=db_now_ms(conn))
             )
         if won.rowcount == 1:
             taken.append((row.executor_id, now - row.beat_ms))
@@ -229,7 +220,7 @@ def mark_recovered(engine: sa.Engine, lease: Lease, executor_id: str) -> None:
         conn.execute(
             sa.update(executor_leases)
             .where(executor_leases.c.executor_id == executor_id, executor_leases.c.token == lease.token)
-            .values(state=RECOVERED, beat_ms=now_ms(conn))
+            .values(state=RECOVERED, beat_ms=db_now_ms(conn))
         )
 
 
