@@ -28,6 +28,7 @@ from steps import audit
 from steps.seed import demo_charges, seed
 from steps.seed_evidence import demo_risk
 from steps.store import app_db, create_engine
+from tests import zygote
 from tests.evidence_server import EvidenceServer
 from tests.servers import ThreadedServer
 
@@ -170,6 +171,14 @@ class _PostgresPool:
 
 
 _postgres = _PostgresPool()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _warm_launcher() -> Iterator[None]:
+    """``refund-agent`` commands the tests start are forked from a process that has imported them (tests/zygote.py)."""
+    zygote.install()
+    yield
+    zygote.close()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -22,6 +22,7 @@ from agent.ops.processes import child_env
 from steps import audit, audit_anchor
 from steps.migrate import upgrade
 from steps.store import audit_log, create_engine, utc
+from tests import zygote
 from tests.conftest import Env
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -116,13 +117,7 @@ def verify(engine: sa.Engine, **options: object) -> audit.ChainReport:
 
 def audit_verify(env: Env, *flags: str, **variables: str) -> subprocess.CompletedProcess[str]:
     """`refund-agent audit verify` in its own process, with the service's key (generated in the data directory)."""
-    return subprocess.run(
-        [sys.executable, "-m", "agent.cli", "audit", "verify", *flags],
-        env=child_env(env.env_vars(**variables)),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return zygote.run(["audit", "verify", *flags], env=child_env(env.env_vars(**variables)))
 
 
 def test_nothing_is_appended_without_the_key(env: Env, engine: sa.Engine) -> None:
@@ -218,13 +213,7 @@ def test_a_chain_rewritten_whole_without_the_key_is_reported(env: Env, engine: s
 def test_audit_verify_without_the_key_refuses_and_makes_none(env: Env, engine: sa.Engine) -> None:
     append_keyed(engine, 1)
     elsewhere = env.data_dir.parent / "elsewhere"
-    done = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "audit", "verify"],
-        env=child_env(env.env_vars(REFUND_AGENT_DATA_DIR=str(elsewhere))),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = zygote.run(["audit", "verify"], env=child_env(env.env_vars(REFUND_AGENT_DATA_DIR=str(elsewhere))))
     assert done.returncode == 2 and "REFUND_AGENT_AUDIT_KEY" in done.stderr, done.stdout + done.stderr
     assert not elsewhere.exists()  # no key generated, not even a directory for one
 

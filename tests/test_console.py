@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -26,6 +25,7 @@ from agent.settings import Settings
 from agent.status import refund_status, wait_for_outcome
 from steps import audit
 from steps.store import app_db, approval_decisions, audit_log, refunds
+from tests import zygote
 from tests.conftest import Env
 from tests.console_server import PASSWORDS, ConsoleServer, console_server, csrf_of, form
 from tests.servers import ThreadedServer
@@ -356,13 +356,7 @@ def test_without_operators_serve_makes_an_admin_whose_password_is_in_a_private_f
 
 
 def test_hash_password_prints_a_hash_the_settings_accept(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "hash-password"],
-        input="a long passphrase\n",
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = zygote.run(["hash-password"], env=dict(os.environ), input="a long passphrase\n", timeout=60)
     assert done.returncode == 0, done.stderr
     hashed = done.stdout.strip()
     assert hashed.startswith("scrypt$") and "passphrase" not in done.stdout

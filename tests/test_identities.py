@@ -14,7 +14,6 @@ import json
 import os
 import pwd
 import subprocess
-import sys
 import time
 from datetime import datetime
 from decimal import Decimal
@@ -30,6 +29,7 @@ from agent import tokens
 from agent.settings import Settings
 from steps import clients
 from steps.store import app_db
+from tests import zygote
 from tests.conftest import Env
 from tests.console_server import csrf_of
 from tests.identities import DANA_PASSWORD, SLACK_DANA, link_token, operators_json
@@ -90,14 +90,7 @@ def _console_decision(svc: LiveService, refund_id: str) -> httpx.Response:
 
 
 def _cli(svc: LiveService, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "agent.cli", *args],
-        env={**os.environ, **svc.vars, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return zygote.run(args, env={**os.environ, **svc.vars, **(env or {})})
 
 
 def _undecided(svc: LiveService, refund_id: str) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from agent.settings import (
     Settings,
     settings_problems,
 )
+from tests import zygote
 
 SHORT = "short-secret-16b"  # 16 bytes: what an attacker guesses or a copy-paste truncates
 assert len(SHORT.encode()) == 16
@@ -37,14 +38,7 @@ def clean_env(tmp_path: Path, **variables: str) -> dict[str, str]:
 
 
 def refund_agent(tmp_path: Path, *args: str, **variables: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "agent.cli", *args],
-        env=clean_env(tmp_path, **variables),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return zygote.run(args, env=clean_env(tmp_path, **variables), cwd=tmp_path)
 
 
 def settings(**values: Any) -> Settings:

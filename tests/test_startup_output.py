@@ -11,9 +11,16 @@ import pytest
 
 from agent.ops.processes import free_port, http_ok, spawn, stop, wait_for
 from steps.seed import demo_charges
+from tests import zygote
 from tests.test_secrets import clean_env, refund_agent
 
 MAX_STARTUP_LINES = 15
+
+
+@pytest.fixture(autouse=True)
+def _cold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A start as an operator's: a fresh interpreter that imports everything, not a fork of the warm launcher."""
+    monkeypatch.setenv(zygote.COLD_ENV, "1")
 
 
 def test_serve_says_where_everything_is_in_under_15_lines_and_no_secret(tmp_path: Path) -> None:

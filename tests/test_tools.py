@@ -21,20 +21,14 @@ from agent.status import parked, wait_for_outcome
 from steps import audit
 from steps.seed import ORDERS, seed
 from steps.store import app_db, audit_log
+from tests import zygote
 from tests.conftest import Env
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def cli(env: Env, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "agent.cli", *args],
-        env=child_env(env.env_vars()),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=cwd,
-    )
+    return zygote.run(args, env=child_env(env.env_vars()), cwd=cwd)
 
 
 def test_cli_submits_approves_once_and_reports_status(env: Env, client: DBOSClient, tmp_path: Path) -> None:
