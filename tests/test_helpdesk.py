@@ -18,10 +18,14 @@ import pytest
 import sqlalchemy as sa
 
 from agent.http.zendesk import COMMENT_ADDED, SIGNATURE_HEADER, TICKET_CREATED, TIMESTAMP_HEADER, sign
+from agent.ops.processes import wait_for
 from sandbox.evidence import CommentSeed, EvidenceSeed, TicketSeed, ago
-from steps.store import app_db, helpdesk_comments, helpdesk_deliveries, refunds
+from steps import helpdesk, mail
+from steps.helpdesk_inbox import link_ticket
+from steps.notify import notify_approvers_step, notify_customer_step
+from steps.store import app_db, db_now_ms, helpdesk_comments, helpdesk_deliveries, outbox, refunds
 from tests.conftest import Env
-from tests.evidence_server import EvidenceServer, demo_seed
+from tests.evidence_server import CREDENTIALS, EvidenceServer, demo_seed
 from tests.live import LiveService, live_service
 
 SECRET = "zendesk-webhook-signing-secret-0123456789"
@@ -191,3 +195,102 @@ def test_a_customers_comment_is_kept_once_as_text_and_others_are_acknowledged(de
     ]
     assert count(helpdesk_comments, helpdesk_comments.c.ticket_id == "507") == 0
     assert count(refunds, refunds.c.refund_id == "zendesk-ticket-507") == 0  # a comment never starts a refund
+
+
+# --- replies posted back to the ticket ---
+
+
+def ticket_comments(zendesk: EvidenceServer, ticket: int) -> list[dict[str, Any]]:
+    auth = (f"{CREDENTIALS.tickets_email}/token", str(CREDENTIALS.tickets_token))
+    answer = httpx.get(f"{zendesk.base_url}/api/v2/tickets/{ticket}/comments.json", auth=auth)
+    return list(answer.raise_for_status().json()["comments"])
+
+
+def marked(zendesk: EvidenceServer, ticket: int, message_key: str) -> list[dict[str, Any]]:
+    return [c for c in ticket_comments(zendesk, ticket) if helpdesk.marker(message_key) in c["body"]]
+
+
+def state(message_key: str) -> Any:
+    with app_db().engine.connect() as conn:
+        return conn.execute(sa.select(outbox).where(outbox.c.message_key == message_key)).one()
+
+
+def sent(*keys: str) -> None:
+    wait_for(lambda: all(state(k).delivery_state == "sent" for k in keys), timeout=30, what=f"{keys} sent")
+
+
+def from_ticket(ticket: int) -> str:
+    refund_id = f"zendesk-ticket-{ticket}"
+    link_ticket(app_db().engine, ticket_id=str(ticket), refund_id=refund_id, requested_by="client:helpdesk")
+    return refund_id
+
+
+def test_a_ticket_refunds_messages_go_to_its_ticket_public_for_the_customer_internal_for_approvers(
+    desk: LiveService, zendesk: EvidenceServer
+) -> None:
+    refund_id = from_ticket(510)
+    link = f"{desk.base}/approve/eyJhbGciOi.c2lnbmF0dXJl?decision=approve"
+    notify_customer_step(refund_id, customer_id="cus_ada", text="Your refund of $42.00 was paid.")
+    notify_approvers_step(refund_id, kind="request", messages={"dana": f"Refund {refund_id} needs you: {link}"})
+    notify_customer_step("not-from-a-ticket-510", customer_id="cus_ada", text="Paid.")
+    customer, approver = f"{refund_id}:customer", f"{refund_id}:approvers:request:dana"
+    sent(customer, approver)
+    [public] = marked(zendesk, 510, customer)
+    assert public["public"] is True and public["body"].startswith("Your refund of $42.00 was paid.")
+    [note] = marked(zendesk, 510, approver)
+    assert note["public"] is False and note["body"].startswith("For approver dana:")
+    assert "eyJhbGciOi" not in note["body"] and helpdesk.LINK_WITHHELD in note["body"]  # the link acts as dana
+    assert len(ticket_comments(zendesk, 510)) == 3  # the customer's opening comment, then one each
+    assert state("not-from-a-ticket-510:customer").delivery_state == "pending"  # no SMTP here: it waits for email
+
+
+def test_a_ticket_answers_the_customer_on_the_ticket_from_start_to_end(
+    desk: LiveService, zendesk: EvidenceServer
+) -> None:
+    assert deliver(desk, ticket_created(511, order="ord_1010")).json()["outcome"] == "refund_started"
+
+    def customer_row() -> str | None:
+        with app_db().engine.connect() as conn:
+            return conn.execute(
+                sa.select(outbox.c.message_key).where(
+                    outbox.c.refund_id == "zendesk-ticket-511",
+                    outbox.c.channel == "email",
+                    outbox.c.delivery_state == "sent",
+                )
+            ).scalar()
+
+    key = wait_for(customer_row, timeout=60, what="the customer's message sent")
+    [reply] = marked(zendesk, 511, key)
+    assert reply["public"] is True and reply["body"].startswith(state(key).body)
+
+
+def test_a_comment_posted_by_a_worker_that_died_before_recording_it_is_not_posted_again(
+    desk: LiveService, zendesk: EvidenceServer
+) -> None:
+    """Two claims left by a worker that died: one after its post reached the ticket, one before. Once their leases
+    run out the service's worker takes both over: it lists the ticket's comments, posts only the missing one, and
+    records both sent."""
+    refund_id = from_ticket(512)
+    posted, lost = f"{refund_id}:customer", f"{refund_id}:customer:waiting"
+    dead = "d" * 32
+    with app_db().engine.begin() as conn:
+        until = db_now_ms(conn) + 1500
+        for key in (posted, lost):
+            conn.execute(
+                outbox.insert().values(
+                    message_key=key, refund_id=refund_id, channel="email", recipient="cus_ada",
+                    body=f"About your refund ({key}).", created_at=datetime.now(UTC), delivery_state="sending",
+                    attempts=1, claimed_by="dead-worker", claim_token=dead, claim_until_ms=until,
+                )
+            )  # fmt: skip
+    row = state(posted)
+    claim = mail.Claim(row.id, posted, refund_id, "email", "cus_ada", row.body, 1, dead, "512")
+    config = helpdesk.TicketsConfig(zendesk.base_url, str(CREDENTIALS.tickets_email), str(CREDENTIALS.tickets_token))
+    helpdesk.deliver(config, claim)  # the dead worker's attempt reached the ticket; its record never happened
+    assert len(marked(zendesk, 512, posted)) == 1 and state(posted).delivery_state == "sending"
+    sent(posted, lost)
+    assert len(marked(zendesk, 512, posted)) == 1  # not posted again
+    assert len(marked(zendesk, 512, lost)) == 1  # posted once, by the survivor
+    for key in (posted, lost):
+        assert (state(key).attempts, state(key).claimed_by) == (2, "test-live")
+    assert not mail.record_sent(app_db().engine, claim)  # the dead worker's record, had it lived, is refused
