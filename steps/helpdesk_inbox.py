@@ -48,12 +48,21 @@ def record_delivery(engine: sa.Engine, *, signature: str, event_type: str, ticke
         insert_if_absent(conn, helpdesk_deliveries, values)
 
 
+def ticket_refunds() -> sa.ColumnElement[bool]:
+    """How a ticket's link meets its refund: the same id, requested by the same principal. A refund some API client
+    submitted under a ticket's refund id first (``POST /refunds`` with that key) is not the ticket's: the ticket's
+    comments are not kept for it and its messages are not posted to the ticket."""
+    return sa.and_(
+        refunds.c.refund_id == helpdesk_tickets.c.refund_id, refunds.c.requested_by == helpdesk_tickets.c.requested_by
+    )
+
+
 def ticket_refund(engine: sa.Engine, ticket_id: str) -> str | None:
     """The refund a ticket started, once that refund exists (a link whose refund was refused at submission is not)."""
     with engine.connect() as conn:
         found = conn.execute(
             sa.select(helpdesk_tickets.c.refund_id)
-            .join(refunds, refunds.c.refund_id == helpdesk_tickets.c.refund_id)
+            .join(refunds, ticket_refunds())
             .where(helpdesk_tickets.c.ticket_id == ticket_id)
         ).scalar_one_or_none()
     return found

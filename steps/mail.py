@@ -24,7 +24,8 @@ from typing import Literal
 import sqlalchemy as sa
 
 from steps.faults import crash_point
-from steps.store import customers, db_now_ms, helpdesk_tickets, outbox
+from steps.helpdesk_inbox import ticket_refunds
+from steps.store import customers, db_now_ms, helpdesk_tickets, outbox, refunds
 
 log = logging.getLogger(__name__)
 
@@ -102,16 +103,17 @@ def claim_next(
     if not email and not tickets:
         return None
     c = outbox.c
-    ticket = helpdesk_tickets.c
-    rows = outbox.outerjoin(helpdesk_tickets, ticket.refund_id == c.refund_id) if tickets else outbox
+    ticket = sa.select(helpdesk_tickets.c.ticket_id, helpdesk_tickets.c.refund_id).join(refunds, ticket_refunds())
+    linked = ticket.subquery("linked")
+    rows = outbox.outerjoin(linked, linked.c.refund_id == c.refund_id) if tickets else outbox
     for _ in range(5):  # another worker may win the row read here; the next due one is then tried
         with engine.begin() as conn:
             now = db_now_ms(conn)
             due = _due(now, executor_id, token)
-            query = sa.select(c.id, ticket.ticket_id if tickets else sa.null()).select_from(rows)
+            query = sa.select(c.id, linked.c.ticket_id if tickets else sa.null()).select_from(rows)
             query = query.where(c.channel.in_(EMAIL_CHANNELS), due)
             if not email:
-                query = query.where(ticket.ticket_id.is_not(None))
+                query = query.where(linked.c.ticket_id.is_not(None))
             found = conn.execute(query.order_by(c.id).limit(1)).first()
             if found is None:
                 return None

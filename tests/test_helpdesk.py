@@ -16,16 +16,21 @@ from typing import Any
 import httpx
 import pytest
 import sqlalchemy as sa
+from pydantic import ValidationError
 
+from agent import runtime
+from agent.http.startup import StartupFacts, ready_lines
 from agent.http.zendesk import COMMENT_ADDED, SIGNATURE_HEADER, TICKET_CREATED, TIMESTAMP_HEADER, sign
 from agent.ops.processes import wait_for
 from sandbox.evidence import CommentSeed, EvidenceSeed, TicketSeed, ago
 from steps import helpdesk, mail
 from steps.helpdesk_inbox import link_ticket
 from steps.notify import notify_approvers_step, notify_customer_step
+from steps.refunds import register_request
 from steps.store import app_db, db_now_ms, helpdesk_comments, helpdesk_deliveries, outbox, refunds
 from tests.conftest import Env
 from tests.evidence_server import CREDENTIALS, EvidenceServer, demo_seed
+from tests.identities import HELPDESK
 from tests.live import LiveService, live_service
 
 SECRET = "zendesk-webhook-signing-secret-0123456789"
@@ -197,6 +202,28 @@ def test_a_customers_comment_is_kept_once_as_text_and_others_are_acknowledged(de
     assert count(refunds, refunds.c.refund_id == "zendesk-ticket-507") == 0  # a comment never starts a refund
 
 
+def test_a_ticket_whose_refund_id_another_client_took_first_starts_nothing_and_gets_nothing(
+    desk: LiveService, zendesk: EvidenceServer
+) -> None:
+    squatted = desk.submit("zendesk-ticket-508", "ord_1005", "Mine now.")  # the service's default API client
+    assert squatted.status_code == 202, squatted.text
+    taken = deliver(desk, ticket_created(508))
+    assert taken.status_code == 409 and "another client" in taken.json()["detail"], taken.text
+    comment = deliver(desk, comment_added(508, 9801, "Hello?"))
+    assert (comment.json()["outcome"], comment.json()["reason"]) == (
+        "ignored",
+        "no refund was started from this ticket",
+    )
+    notify_customer_step("zendesk-ticket-508", customer_id="cus_grace", text="Paid.")
+    with app_db().engine.connect() as conn:
+        requester = conn.execute(
+            sa.select(refunds.c.requested_by).where(refunds.c.refund_id == "zendesk-ticket-508")
+        ).scalar_one()
+    assert requester == "client:default"
+    assert state("zendesk-ticket-508:customer").delivery_state == "pending"  # not posted to ticket 508
+    assert len(ticket_comments(zendesk, 508)) == 1
+
+
 # --- replies posted back to the ticket ---
 
 
@@ -220,8 +247,13 @@ def sent(*keys: str) -> None:
 
 
 def from_ticket(ticket: int) -> str:
+    """A refund the help desk requested from ``ticket`` (its row and its link; no workflow runs for it)."""
     refund_id = f"zendesk-ticket-{ticket}"
-    link_ticket(app_db().engine, ticket_id=str(ticket), refund_id=refund_id, requested_by="client:helpdesk")
+    link_ticket(app_db().engine, ticket_id=str(ticket), refund_id=refund_id, requested_by=HELPDESK.principal)
+    register_request(
+        refund_id=refund_id, order_id="ord_1001", request_hash="0" * 64, currency="USD", requested=None,
+        requester=HELPDESK,
+    )  # fmt: skip
     return refund_id
 
 
@@ -294,3 +326,16 @@ def test_a_comment_posted_by_a_worker_that_died_before_recording_it_is_not_poste
     for key in (posted, lost):
         assert (state(key).attempts, state(key).claimed_by) == (2, "test-live")
     assert not mail.record_sent(app_db().engine, claim)  # the dead worker's record, had it lived, is refused
+
+
+def test_the_ready_block_says_where_the_help_desk_posts_and_settings_refuse_a_bad_principal(module_env: Env) -> None:
+    facts = StartupFacts(worker=True, model_label="m", seeded_orders=0, token_generated=True, admin_password_file=None)
+    off = [line for line in ready_lines(module_env.settings(), facts) if "help desk" in line]
+    settings = module_env.settings(helpdesk_webhook_secret=SECRET)
+    [on] = [line for line in ready_lines(settings, facts) if "help desk" in line]
+    assert off == [] and on.endswith(
+        f"/webhooks/helpdesk as client:helpdesk; replies to {settings.evidence.tickets_api_base}"
+    )
+    assert SECRET not in on and runtime.outbox_delivery(settings) is not None
+    with pytest.raises(ValidationError, match=r"helpdesk_principal\n.*no ':'"):
+        module_env.settings(helpdesk_principal="client:someone")
