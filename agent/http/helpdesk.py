@@ -93,9 +93,9 @@ def _handle(svc: Services, signature: str, event: zendesk.TicketEvent) -> dict[s
         409,
         422,
         503,
-        e401="the Zendesk signature is missing or wrong, or its timestamp is stale (more than "
-        "`HELPDESK_WEBHOOK_TOLERANCE_SECONDS` from now)",
-        e404="no help desk is configured on this service, or the ticket's order does not exist",
+        e401="no help desk configured, or the Zendesk signature is missing or wrong, or its timestamp is stale (more "
+        "than `HELPDESK_WEBHOOK_TOLERANCE_SECONDS` from now)",
+        e404="the ticket's order does not exist",
         e409="the ticket's refund id was already used by another client",
         e422="a body that is not a Zendesk ticket event, or a ticket naming no order or with no description",
     ),
@@ -106,7 +106,7 @@ async def helpdesk_webhook(request: Request, svc: ServicesDep) -> dict[str, Any]
     acknowledged and ignored. The answer's ``outcome`` says which."""
     desk = svc.settings.helpdesk
     if desk.webhook_secret is None:
-        raise Problem(404, "no help desk is configured on this service (HELPDESK_WEBHOOK_SECRET)")
+        raise Problem(401, "no help desk webhook secret is configured here (HELPDESK_WEBHOOK_SECRET)")
     body = await request.body()
     signature = request.headers.get(zendesk.SIGNATURE_HEADER, "")
     zendesk.verify(

@@ -17,7 +17,7 @@ class HelpdeskSettings(Part):
 
     webhook_secret: SecretStr | None = Field(default=None, alias="helpdesk_webhook_secret")
     """The webhook's signing secret, as Zendesk shows it (Admin Center > Webhooks > the webhook > Signing secret);
-    at least 32 bytes. Unset: ``POST /webhooks/helpdesk`` answers 404 and nothing is posted to tickets."""
+    at least 32 bytes. Unset: ``POST /webhooks/helpdesk`` answers 401 and nothing is posted to tickets."""
     principal: str = Field(default="helpdesk", alias="helpdesk_principal")
     """Who refunds started by the help desk are requested by: the API client ``client:<name>``. Whoever signs with
     the secret is this client; nothing in the body names anyone. It may never decide those refunds."""
