@@ -87,6 +87,8 @@ def cmd_worker(_: argparse.Namespace) -> int:
         metrics.serve_worker_metrics(settings)
     print(f"worker {rt.settings.runtime.executor_id} running refunds ({rt.model_label}); Ctrl-C stops it")
     print(f"email: {settings.email.summary()}")
+    if settings.helpdesk.enabled:
+        print(f"help desk: replies posted to {settings.evidence.base_url(settings.evidence.tickets_api_base)}")
     while not stop.wait(1.0):  # wakes every second, so a signal is acted on even if its wake-up was missed
         pass
     logging.getLogger(__name__).info(

@@ -31,7 +31,7 @@ class Runtime:
     lease: heartbeat.Lease | None = None
     heartbeat: heartbeat.Heartbeat | None = field(default=None, repr=False)
     delivery: DeliveryLoop | None = field(default=None, repr=False)
-    """This worker's outbox delivery loop (email), when SMTP is configured."""
+    """This worker's outbox delivery loop (email, help-desk tickets), when either is configured."""
 
 
 _runtime: Runtime | None = None

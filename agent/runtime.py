@@ -25,7 +25,7 @@ from agent.ops.checkpoint_store import secure_checkpoints
 from agent.ops.checkpoints import SERIALIZER
 from agent.ops.delivery import DeliveryLoop
 from agent.settings import EvidenceSettings, ModelProviderSettings, PaymentSettings, Settings, get_settings
-from steps import audit, evidence_http, faults, mail, notify, payments
+from steps import audit, evidence_http, faults, helpdesk, mail, notify, payments
 from steps.store import close_app_database, create_engine, normalize_url, open_app_database
 
 log = logging.getLogger(__name__)
@@ -278,7 +278,7 @@ def start(
     )
     beat.start()
     if worker:
-        rt.delivery = email_delivery(settings)
+        rt.delivery = outbox_delivery(settings)
         if rt.delivery is not None:
             rt.delivery.start()
     log.info(
@@ -291,17 +291,13 @@ def start(
     return rt
 
 
-def email_delivery(settings: Settings) -> DeliveryLoop | None:
-    """The outbox's email delivery loop for this worker; None (messages stay in the outbox) without SMTP_HOST."""
-    email = settings.email
-    if email.smtp_host is None or email.from_address is None:
-        return None
-    url = settings.database.app_database_url
-    engine = create_engine(url) if normalize_url(url).startswith("sqlite") else create_engine(url, pool_size=2)
-    return DeliveryLoop(
-        engine,
-        executor_id=settings.runtime.executor_id,
-        smtp=mail.SmtpConfig(
+def outbox_delivery(settings: Settings) -> DeliveryLoop | None:
+    """The outbox's delivery loop for this worker: email with SMTP_HOST, help-desk tickets with
+    HELPDESK_WEBHOOK_SECRET; None (messages stay in the outbox) with neither."""
+    email, desk = settings.email, settings.helpdesk
+    smtp = None
+    if email.smtp_host is not None and email.from_address is not None:
+        smtp = mail.SmtpConfig(
             host=email.smtp_host,
             port=email.port(),
             security=email.smtp_security,
@@ -309,7 +305,17 @@ def email_delivery(settings: Settings) -> DeliveryLoop | None:
             username=email.smtp_username,
             password=email.smtp_password.get_secret_value() if email.smtp_password else None,
             timeout_seconds=email.smtp_timeout_seconds,
-        ),
+        )
+    tickets = helpdesk_config(settings) if desk.enabled else None
+    if smtp is None and tickets is None:
+        return None
+    url = settings.database.app_database_url
+    engine = create_engine(url) if normalize_url(url).startswith("sqlite") else create_engine(url, pool_size=2)
+    return DeliveryLoop(
+        engine,
+        executor_id=settings.runtime.executor_id,
+        smtp=smtp,
+        tickets=tickets,
         approver_emails=email.approver_emails,
         policy=mail.RetryPolicy(
             max_attempts=email.max_attempts,
@@ -318,6 +324,17 @@ def email_delivery(settings: Settings) -> DeliveryLoop | None:
             claim_seconds=email.claim_seconds,
         ),
         poll_seconds=email.poll_interval_seconds,
+    )
+
+
+def helpdesk_config(settings: Settings) -> helpdesk.TicketsConfig:
+    """Where replies to tickets are posted: the helpdesk API the evidence look-ups read (``TICKETS_API_*``)."""
+    evidence = settings.evidence
+    return helpdesk.TicketsConfig(
+        base_url=evidence.base_url(evidence.tickets_api_base),
+        email=evidence.tickets_api_email,
+        token=evidence.tickets_api_token.get_secret_value(),
+        timeout_seconds=evidence.timeout_seconds,
     )
 
 

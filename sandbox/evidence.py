@@ -22,7 +22,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox.evidence_apis import Loaded, load, unknown_tracker
+from sandbox.evidence_apis import Loaded, add_comment, load, unknown_tracker
 from sandbox.evidence_seed import (
     CommentSeed,
     DisputeSeed,
@@ -280,6 +280,18 @@ def create_app(
             body["users"] = [users[i] for i in dict.fromkeys(c["author_id"] for c in found)]
         return JSONResponse(body)
 
+    @app.put("/api/v2/tickets/{ticket_id}.json")
+    def update_ticket(ticket_id: int, body: TicketUpdate, request: Request) -> Response:
+        """Zendesk's ticket update, as far as it adds a comment: public, or an internal note (``public: false``),
+        written by the user the API token belongs to; listing the ticket's comments shows it."""
+        email = (_basic(request) or ("api/token", ""))[0].removesuffix("/token")
+        with state.lock:
+            ticket = next((t for t in state.data.tickets if t["id"] == ticket_id), None)
+            if ticket is None:
+                return _error("tickets", 404, "Not found")
+            comment = add_comment(state.data, ticket, email, body.ticket.comment.body, body.ticket.comment.public)
+        return JSONResponse({"ticket": ticket, "audit": {"ticket_id": ticket_id, "events": [comment]}})
+
     # --- admin ---
 
     def admin(request: Request) -> None:
@@ -328,6 +340,19 @@ class _TrackerFields(BaseModel):
 
 class TrackerCreate(BaseModel):
     tracker: _TrackerFields
+
+
+class _NewComment(BaseModel):
+    body: str = Field(min_length=1, max_length=65536)
+    public: bool = True
+
+
+class _TicketChanges(BaseModel):
+    comment: _NewComment
+
+
+class TicketUpdate(BaseModel):
+    ticket: _TicketChanges
 
 
 def run_sandbox(*, host: str, port: int, seed: EvidenceSeed, credentials: Credentials | None = None) -> None:

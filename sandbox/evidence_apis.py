@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sandbox.evidence_seed import EvidenceSeed, ReturnSeed, TicketSeed, TrackerSeed, When
@@ -188,3 +188,22 @@ def _add_ticket(loaded: Loaded, ticket: TicketSeed, ticket_id: int, now: datetim
             "updated_at": comments[-1]["created_at"] if comments else created,
         }
     )
+
+
+def add_comment(loaded: Loaded, ticket: dict[str, Any], email: str, body: str, public: bool) -> dict[str, Any]:
+    """A comment posted through the API by the agent ``email`` (Zendesk: the token's user), appended to the ticket."""
+    author = _user_id(email, "API", "agent")
+    loaded.users.setdefault(author, {"id": author, "name": "API", "email": email, "role": "agent"})
+    comments = loaded.comments.setdefault(ticket["id"], [])
+    now = iso(datetime.now(UTC))
+    comment = {
+        "id": ticket["id"] * 1000 + len(comments),
+        "type": "Comment",
+        "author_id": author,
+        "body": body,
+        "public": public,
+        "created_at": now,
+    }
+    comments.append(comment)
+    ticket["updated_at"] = now
+    return comment

@@ -22,6 +22,7 @@ CRASH_POINTS = frozenset(
         "after_carrier_answered",  # the carrier's tracking answered; the look-up step has not checkpointed
         "after_warehouse_answered",  # the warehouse's return answered; the look-up step has not checkpointed
         "after_email_sent",  # the SMTP server accepted an outbox message; its row is not recorded sent yet
+        "after_ticket_comment_posted",  # the help desk took an outbox message as a comment; not recorded sent yet
     }
 )
 

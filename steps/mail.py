@@ -24,7 +24,8 @@ from typing import Literal
 import sqlalchemy as sa
 
 from steps.faults import crash_point
-from steps.store import customers, db_now_ms, outbox
+from steps.helpdesk_inbox import ticket_refunds
+from steps.store import customers, db_now_ms, helpdesk_tickets, outbox, refunds
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,8 @@ class Claim:
     body: str
     attempt: int
     token: str
+    ticket_id: str | None = None
+    """The help-desk ticket the row is posted to (steps/helpdesk.py) instead of being emailed; None: by email."""
 
 
 class PermanentFailure(Exception):
@@ -90,18 +93,31 @@ def _due(now: int, executor_id: str, token: str) -> sa.ColumnElement[bool]:
     )
 
 
-def claim_next(engine: sa.Engine, *, executor_id: str, token: str, claim_seconds: float) -> Claim | None:
-    """Claim the oldest due row of an email channel (a compare-and-set: one worker wins it); None when none is due."""
+def claim_next(
+    engine: sa.Engine, *, executor_id: str, token: str, claim_seconds: float, email: bool = True, tickets: bool = False
+) -> Claim | None:
+    """Claim the oldest due row this worker delivers (a compare-and-set: one worker wins it); None when none is due.
+
+    With ``tickets``, a row of a refund that came from a help-desk ticket is claimed with that ticket (it is posted
+    there); without ``email``, only such rows are claimed (the rest wait in the outbox for a worker that emails)."""
+    if not email and not tickets:
+        return None
     c = outbox.c
+    ticket = sa.select(helpdesk_tickets.c.ticket_id, helpdesk_tickets.c.refund_id).join(refunds, ticket_refunds())
+    linked = ticket.subquery("linked")
+    rows = outbox.outerjoin(linked, linked.c.refund_id == c.refund_id) if tickets else outbox
     for _ in range(5):  # another worker may win the row read here; the next due one is then tried
         with engine.begin() as conn:
             now = db_now_ms(conn)
             due = _due(now, executor_id, token)
-            row_id = conn.execute(
-                sa.select(c.id).where(c.channel.in_(EMAIL_CHANNELS), due).order_by(c.id).limit(1)
-            ).scalar_one_or_none()
-            if row_id is None:
+            query = sa.select(c.id, linked.c.ticket_id if tickets else sa.null()).select_from(rows)
+            query = query.where(c.channel.in_(EMAIL_CHANNELS), due)
+            if not email:
+                query = query.where(linked.c.ticket_id.is_not(None))
+            found = conn.execute(query.order_by(c.id).limit(1)).first()
+            if found is None:
                 return None
+            row_id, ticket_id = found
             won = conn.execute(
                 outbox.update()
                 .where(c.id == row_id, due)
@@ -116,7 +132,7 @@ def claim_next(engine: sa.Engine, *, executor_id: str, token: str, claim_seconds
             ).first()
         if won is not None:
             key, refund_id, channel, recipient, body, attempt = won
-            return Claim(row_id, key, refund_id, channel, recipient, body, attempt, token)
+            return Claim(row_id, key, refund_id, channel, recipient, body, attempt, token, ticket_id)
     return None
 
 

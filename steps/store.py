@@ -246,6 +246,41 @@ provider_events = sa.Table(
 )
 
 
+# The help desk (migration 0015, agent/http/helpdesk.py): each signed webhook delivery once, by its signature; the
+# ticket a refund came from (its replies are posted back there); and the customers' comments on such tickets, kept as
+# plain text for whatever reads the conversation later (never rendered unescaped).
+helpdesk_deliveries = sa.Table(
+    "helpdesk_deliveries",
+    metadata,
+    sa.Column("signature", sa.String(128), primary_key=True),  # base64 HMAC of timestamp + body: one per delivery
+    sa.Column("event_type", sa.String(100), nullable=False),
+    sa.Column("ticket_id", sa.String(32)),
+    sa.Column("outcome", sa.String(32), nullable=False),
+    sa.Column("received_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+helpdesk_tickets = sa.Table(
+    "helpdesk_tickets",
+    metadata,
+    sa.Column("ticket_id", sa.String(32), primary_key=True),
+    sa.Column("refund_id", sa.String(200), nullable=False, unique=True),
+    sa.Column("requested_by", sa.String(200), nullable=False),  # the help desk's principal, from the channel
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+helpdesk_comments = sa.Table(
+    "helpdesk_comments",
+    metadata,
+    sa.Column("comment_id", sa.String(32), primary_key=True),  # the help desk's comment id: recorded once
+    sa.Column("ticket_id", sa.String(32), nullable=False, index=True),
+    sa.Column("refund_id", sa.String(200), nullable=False, index=True),
+    sa.Column("author_role", sa.String(16), nullable=False),  # end-user (the customer)
+    sa.Column("body", sa.Text, nullable=False),  # as the help desk sent it: plain text, never HTML
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),  # when the help desk says it was written
+    sa.Column("received_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+
 def insert_if_absent(conn: sa.Connection | Session, table: sa.Table, values: dict[str, Any]) -> bool:
     """INSERT ... ON CONFLICT DO NOTHING; True when this call inserted the row."""
     dialect = conn.dialect if isinstance(conn, sa.Connection) else conn.get_bind().dialect

@@ -202,7 +202,7 @@ def test_outbox_messages_are_counted_by_channel_and_state_on_metrics(app: sa.Eng
     queue_customer("r-m-3")
     worker = loop(app, smtp)
     claim = mail.claim_next(app, executor_id="w1", token=worker.token, claim_seconds=30)  # r-m-1's customer message
-    assert claim is not None
+    assert claim is not None and worker.smtp is not None
     mail.deliver(app, worker.smtp, claim, APPROVERS)
     mail.record_sent(app, claim)
     worker.run_once()
@@ -219,12 +219,12 @@ def test_outbox_messages_are_counted_by_channel_and_state_on_metrics(app: sa.Eng
 
 def test_without_an_smtp_host_no_worker_sends_and_start_up_says_messages_stay_in_the_outbox(env: Env) -> None:
     settings = env.settings()
-    assert runtime.email_delivery(settings) is None
+    assert runtime.outbox_delivery(settings) is None
     facts = StartupFacts(worker=True, model_label="m", seeded_orders=0, token_generated=True, admin_password_file=None)
     lines = [line for line in ready_lines(settings, facts) if "email" in line]
     assert lines == ["  email        not sent: SMTP_HOST is unset, messages stay in the outbox"]
     configured = env.settings(smtp_host="smtp.shop.example", email_from=FROM, smtp_password=PASSWORD)
-    assert runtime.email_delivery(configured) is not None
+    assert runtime.outbox_delivery(configured) is not None
     assert configured.email.summary() == f"via smtp.shop.example:587 (starttls) from {FROM}"
     assert PASSWORD not in repr(configured)
 

@@ -45,6 +45,11 @@ def ready_lines(settings: Settings, facts: StartupFacts) -> list[str]:
         f"  API token    {token_at}",
         f"  email        {settings.email.summary()}",
     ]
+    if settings.helpdesk.enabled:
+        tickets = settings.evidence.base_url(settings.evidence.tickets_api_base)
+        lines.append(
+            f"  help desk    {base}/webhooks/helpdesk as client:{settings.helpdesk.principal}; replies to {tickets}"
+        )
     if facts.seeded_orders:
         lines.append(f"  demo orders  {facts.seeded_orders} seeded (ord_1001 ...), with their customers")
     return lines

@@ -22,6 +22,7 @@ from agent.settings.console import ConsoleSettings
 from agent.settings.database import DatabaseSettings, MissingSecret, UnsafeDataDirectory
 from agent.settings.email import EmailSettings
 from agent.settings.evidence import EvidenceSettings
+from agent.settings.helpdesk import HelpdeskSettings
 from agent.settings.model import ModelPrice, ModelProviderSettings
 from agent.settings.part import ENV_FILE, MIN_SECRET_BYTES, Part
 from agent.settings.payments import PaymentSettings
@@ -41,6 +42,7 @@ __all__ = [
     "DatabaseSettings",
     "EmailSettings",
     "EvidenceSettings",
+    "HelpdeskSettings",
     "MissingSecret",
     "ModelPrice",
     "ModelProviderSettings",
@@ -67,6 +69,7 @@ OWN_SECRETS = (
     "slack_signing_secret",
     "stripe_webhook_secret",
     "metrics_token",
+    "helpdesk_webhook_secret",
 )
 #: Keys someone else issues, in whatever form they chose: each is refused blank only.
 ISSUED_KEYS = (
@@ -98,6 +101,7 @@ class Settings(BaseModel):
     audit: AuditSettings
     payments: PaymentSettings
     evidence: EvidenceSettings
+    helpdesk: HelpdeskSettings
     telemetry: TelemetrySettings
 
     def __init__(self, **values: Any) -> None:
