@@ -34,6 +34,9 @@ from tests.servers import ThreadedServer
 
 pydantic_ai.models.ALLOW_MODEL_REQUESTS = False
 
+#: Fixtures kept beside what they make: the crash tests' cluster (tests/crash_cluster.py).
+pytest_plugins = ["tests.crash_cluster"]
+
 #: Postgres server for the Postgres half of the suite; "off" runs SQLite only (never silently skipped).
 PG_SERVER = os.environ.get("REFUND_AGENT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 BACKENDS = ["sqlite"] + ([] if PG_SERVER.lower() in ("", "off") else ["postgres"])
@@ -45,6 +48,7 @@ API_KEY = "sk_test_suite"
 #: every other file follows in its usual order.
 LONGEST_FIRST = [
     "test_crash_matrix.py",
+    "test_crash_settling.py",
     "test_identities.py",
     "test_http.py",
     "test_scale.py",
