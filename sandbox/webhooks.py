@@ -49,7 +49,7 @@ class Settler:
         # The background thread and the admin endpoints both tick: one at a time, or both deliver the same event.
         self._ticking = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="sandbox-settler", daemon=True)
-        self._http = httpx.Client(timeout=10)
+        self._http: httpx.Client | None = None  # made at the first delivery: most sandboxes never send one
 
     def start(self) -> None:
         self._thread.start()
@@ -57,7 +57,8 @@ class Settler:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=15)
-        self._http.close()
+        if self._http is not None:
+            self._http.close()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -90,6 +91,8 @@ class Settler:
         if target.secret:
             headers["Stripe-Signature"] = sign(payload, target.secret, int(time.time()))
         try:
+            if self._http is None:
+                self._http = httpx.Client(timeout=10)
             response = self._http.post(target.url, content=payload, headers=headers)
         except httpx.HTTPError as error:
             logger.info("sandbox: webhook to %s failed: %s", target.url, type(error).__name__)
