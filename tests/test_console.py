@@ -24,10 +24,11 @@ from agent.ops.processes import free_port, wait_for
 from agent.settings import Settings
 from agent.status import refund_status, wait_for_outcome
 from steps import audit
-from steps.store import app_db, approval_decisions, audit_log, refunds
+from steps.store import app_db, approval_decisions, audit_log, outbox, refunds
 from tests import zygote
 from tests.conftest import Env
 from tests.console_server import PASSWORDS, ConsoleServer, console_server, csrf_of, form
+from tests.identities import link_token
 from tests.servers import ThreadedServer
 from tests.test_workflow import parked, submit
 
@@ -177,6 +178,37 @@ def test_a_viewer_reads_the_console_but_sees_no_decision_buttons_and_cannot_deci
         assert form(vic, f"/console/refunds/{refund_id}/cancel", csrf=token).status_code == 403
         assert vic.get("/console/sessions").status_code == 403
     assert decisions() == 0 and status.parked(client, refund_id) is not None
+
+
+def test_a_refunds_messages_and_every_failed_one_show_their_delivery_and_never_their_text(
+    env: Env, console: tuple[ConsoleServer, DBOSClient]
+) -> None:
+    server, client = console
+    refund_id = submit(client, "console-mail-01", "ord_1002")
+    parked(client, refund_id)
+    engine = app_db().engine
+    with engine.begin() as conn:
+        queued = conn.execute(sa.select(outbox).where(outbox.c.refund_id == refund_id).order_by(outbox.c.id)).all()
+        failing = queued[0]
+        error = "SMTPRecipientsRefused: 550 mailbox unavailable"
+        conn.execute(
+            outbox.update()
+            .where(outbox.c.id == failing.id)
+            .values(delivery_state="failed", attempts=5, last_error=error)
+        )
+    tokens = [token for name in PASSWORDS if (token := link_token(engine, refund_id, name)) is not None]
+    assert queued and tokens, "the approvers' notices, each with its signed link"
+    with server.signed_in("vic") as vic:  # a viewer: sees where messages went, never a link to decide with
+        page = vic.get(f"/console/refunds/{refund_id}").text
+        home = vic.get("/console").text
+    shown = page[page.index('id="deliveries"') :]
+    assert shown.count('class="delivery ') == len(queued)
+    assert f"approver {failing.recipient}" in shown and error in shown and 'class="delivery failed"' in shown
+    banner = home[home.index('id="failed-deliveries"') :]
+    assert "Messages not delivered (1)" in banner and refund_id in banner and error in banner
+    for text in (page, home):
+        assert not any(token in text for token in tokens)
+        assert not any(row.body in text for row in queued if row.channel == "approvers")
 
 
 def test_admin_actions_without_their_csrf_token_are_refused_and_change_nothing(

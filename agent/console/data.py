@@ -13,7 +13,7 @@ from dbos import DBOSClient, WorkflowStatus
 
 from agent.console.phases import PHASES, phase_of, where_phase
 from agent.status import amounts_refunded, refund_status, speaking, step_timeline, workflows_of
-from steps import audit
+from steps import audit, outbox_view
 from steps.payments import idempotency_key
 from steps.records import AuditEntry, format_moment, format_money, from_minor
 from steps.store import app_db, approval_decisions, approval_requests, customers, orders, refunds, utc
@@ -209,6 +209,7 @@ def refund_detail(
         ).first()
         entries = audit.entries(conn, refund_id)
         chain = audit.verify(conn)
+        messages = outbox_view.deliveries(conn, refund_id)
     runs = workflows_of(client, refund_id)
     target = speaking(runs, refund_id)
     verdict = next((e.payload for e in reversed(entries) if e.event == "policy_verdict"), None)
@@ -239,4 +240,25 @@ def refund_detail(
             for e in entries
         ],
         "chain": chain,
+        "deliveries": [_delivery(m) for m in messages],
     }
+
+
+def _delivery(m: outbox_view.Delivery) -> dict[str, Any]:
+    return {
+        "refund_id": m.refund_id,
+        "to": {"email": "customer", "approvers": "approver", "operators": "operators"}.get(m.channel, m.channel),
+        "recipient": m.recipient,
+        "state": m.state,
+        "attempts": m.attempts,
+        "last_error": m.last_error,
+        "queued_at": m.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+        "sent_at": m.sent_at.strftime("%Y-%m-%d %H:%M:%S") if m.sent_at else None,
+    }
+
+
+def failed_deliveries() -> tuple[int, list[dict[str, Any]]]:
+    """How many outbox messages failed for good, and the latest of them (never their bodies)."""
+    with app_db().engine.connect() as conn:
+        count, latest = outbox_view.failed(conn)
+    return count, [_delivery(m) for m in latest]

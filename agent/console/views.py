@@ -58,6 +58,7 @@ def home(
         page=page,
     )
     items, more = data.list_refunds(flt)
+    failed_count, failed = data.failed_deliveries()
     query = {k: v for k, v in {"phase": flt.phase, "order": flt.order, "since": since, "until": until}.items() if v}
     return pages.render(
         request,
@@ -65,6 +66,8 @@ def home(
         session,
         "index.html",
         pending=data.pending_approvals(svc.client, datetime.now(UTC)),
+        failed_count=failed_count,
+        failed=failed,
         refunds=items,
         more=more,
         flt=flt,
