@@ -14,6 +14,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 from dbos import DBOSClient
+from markupsafe import escape
 from pydantic import ValidationError
 
 from agent import status
@@ -209,6 +210,29 @@ def test_a_refunds_messages_and_every_failed_one_show_their_delivery_and_never_t
     for text in (page, home):
         assert not any(token in text for token in tokens)
         assert not any(row.body in text for row in queued if row.channel == "approvers")
+
+
+def test_a_refunds_conversation_shows_the_customers_words_escaped_and_what_they_were_told(
+    env: Env, console: tuple[ConsoleServer, DBOSClient]
+) -> None:
+    server, client = console
+    words = "Please refund me <b>now</b> <script>alert('x')</script>"  # no digits: the offline model reads them
+    refund_id = submit(client, "console-talk-01", "ord_1002", words)
+    parked(client, refund_id)
+    with app_db().engine.connect() as conn:
+        told = conn.execute(sa.select(outbox.c.body).where(outbox.c.message_key == f"{refund_id}:customer:waiting"))
+        waiting = told.scalar_one()
+        to_approvers = conn.execute(
+            sa.select(outbox.c.body).where(outbox.c.refund_id == refund_id, outbox.c.channel == "approvers")
+        ).scalars()
+        approvers = list(to_approvers)
+    with server.signed_in("vic") as vic:
+        page = vic.get(f"/console/refunds/{refund_id}").text
+    talk = page[page.index('id="conversation"') : page.index('id="deliveries"')]
+    assert escape(words) in talk and "<script>alert" not in page
+    assert escape(waiting) in talk and "waiting for a person" in talk
+    assert talk.index('class="turn customer"') < talk.index('class="turn agent"')
+    assert approvers and not any(escape(body) in talk for body in approvers)
 
 
 def test_admin_actions_without_their_csrf_token_are_refused_and_change_nothing(

@@ -9,6 +9,7 @@ One real `refund-agent serve` per backend (SQLite and Postgres) for the module, 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -294,6 +295,43 @@ def test_a_ticket_answers_the_customer_on_the_ticket_from_start_to_end(
     key = wait_for(customer_row, timeout=60, what="the customer's message sent")
     [reply] = marked(zendesk, 511, key)
     assert reply["public"] is True and reply["body"].startswith(state(key).body)
+
+
+def test_a_tickets_conversation_reads_its_request_replies_and_comments_in_order_to_whoever_may_see_it(
+    desk: LiveService,
+) -> None:
+    words = "My <b>mouse</b> broke."
+    assert deliver(desk, ticket_created(513, order="ord_1010", description=words)).json()["outcome"] == "refund_started"
+    refund_id = "zendesk-ticket-513"
+
+    def told() -> str | None:
+        with app_db().engine.connect() as conn:
+            return conn.execute(
+                sa.select(outbox.c.body).where(
+                    outbox.c.refund_id == refund_id, outbox.c.channel == "email", outbox.c.delivery_state == "sent"
+                )
+            ).scalar()
+
+    reply = wait_for(told, timeout=60, what="the customer's message posted to the ticket")
+    time.sleep(1.1)  # the help desk stamps comments to the second: this one is written after the reply
+    assert deliver(desk, comment_added(513, 9513, "Thanks <script>x</script>")).json()["outcome"] == "comment_recorded"
+    answer = desk.http.get(f"/refunds/{refund_id}/conversation", headers=desk.approver)
+    assert answer.status_code == 200, answer.text
+    talk = answer.json()
+    assert (talk["refund_id"], talk["ticket_id"]) == (refund_id, "513")
+    turns = talk["turns"]
+    assert [(t["speaker"], t["channel"]) for t in turns] == [
+        ("customer", "helpdesk"), ("agent", "helpdesk"), ("customer", "helpdesk")
+    ]  # fmt: skip
+    assert (turns[0]["about"], turns[0]["text"], turns[0]["delivery"]) == ("request", words, None)
+    assert (turns[1]["text"], turns[1]["delivery"]) == (reply, "sent") and turns[1]["about"] in ("outcome", "waiting")
+    assert (turns[2]["about"], turns[2]["text"], turns[2]["details"]) == (
+        "comment", "Thanks <script>x</script>", ["comment 9513"]
+    )  # fmt: skip
+    # The default client did not request it (the help desk did): to it there is no such refund.
+    assert desk.http.get(f"/refunds/{refund_id}/conversation", headers=desk.auth).status_code == 404
+    assert desk.http.get(f"/refunds/{refund_id}/conversation").status_code == 401
+    assert desk.http.get("/refunds/zendesk-ticket-9999/conversation", headers=desk.approver).status_code == 404
 
 
 def test_a_comment_posted_by_a_worker_that_died_before_recording_it_is_not_posted_again(

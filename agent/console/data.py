@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from dbos import DBOSClient, WorkflowStatus
 
 from agent.console.phases import PHASES, phase_of, where_phase
+from agent.conversation import Conversation, conversation, request_messages
 from agent.status import amounts_refunded, refund_status, speaking, step_timeline, workflows_of
 from steps import audit, outbox_view
 from steps.payments import idempotency_key
@@ -41,18 +42,6 @@ def span(delta: timedelta) -> str:
     return f"{minutes}m" if minutes else f"{secs}s"
 
 
-def customer_messages(client: DBOSClient, refund_ids: list[str]) -> dict[str, str]:
-    """The customers' own words, from the workflows' inputs (the app database keeps only a hash)."""
-    if not refund_ids:
-        return {}
-    found = {}
-    for wf in client.list_workflows(workflow_ids=refund_ids, load_input=True, load_output=False):
-        args = wf.input["args"] if wf.input else ()
-        if len(args) > 1 and isinstance(args[1], dict):
-            found[wf.workflow_id] = str(args[1].get("message", ""))
-    return found
-
-
 def pending_approvals(client: DBOSClient, now: datetime) -> list[dict[str, Any]]:
     """Refunds waiting for a person, oldest first, with the time left before escalation and expiry."""
     query = (
@@ -79,7 +68,7 @@ def pending_approvals(client: DBOSClient, now: datetime) -> list[dict[str, Any]]
     )
     with app_db().engine.connect() as conn:
         rows = list(conn.execute(query))
-    messages = customer_messages(client, [r.refund_id for r in rows])
+    messages = request_messages(client, [r.refund_id for r in rows])
     pending = []
     for row in rows:
         amount = from_minor(row.amount_minor, row.currency)
@@ -210,6 +199,7 @@ def refund_detail(
         entries = audit.entries(conn, refund_id)
         chain = audit.verify(conn)
         messages = outbox_view.deliveries(conn, refund_id)
+        talk = conversation(conn, client, refund_id)
     runs = workflows_of(client, refund_id)
     target = speaking(runs, refund_id)
     verdict = next((e.payload for e in reversed(entries) if e.event == "policy_verdict"), None)
@@ -223,7 +213,7 @@ def refund_detail(
         "row_status": row.status if row else None,
         "customer": row.customer if row else None,
         "created_at": utc(row.created_at).strftime("%Y-%m-%d %H:%M:%S") if row else None,
-        "message": customer_messages(client, [refund_id]).get(refund_id, ""),
+        "message": request_messages(client, [refund_id]).get(refund_id, ""),
         "verdict_detail": verdict,
         "expected_key": idempotency_key(refund_id, order_id) if order_id else None,
         "executions": [_execution(client, wf, waiting=status["status"] in WAITING) for wf in runs],
@@ -241,6 +231,30 @@ def refund_detail(
         ],
         "chain": chain,
         "deliveries": [_delivery(m) for m in messages],
+        "conversation": _conversation(talk),
+    }
+
+
+#: How the console names what a message to the customer was about.
+ABOUT = {"outcome": "the outcome", "waiting": "waiting for a person", "request": "their request", "comment": "a reply"}
+
+
+def _conversation(talk: Conversation | None) -> dict[str, Any]:
+    turns = talk.turns if talk else []
+    return {
+        "ticket_id": talk.ticket_id if talk else None,
+        "turns": [
+            {
+                "at": t.at.strftime("%Y-%m-%d %H:%M:%S"),
+                "speaker": t.speaker,
+                "channel": t.channel,
+                "about": ABOUT.get(t.about, t.about.replace("_", " ")),
+                "text": t.text,
+                "delivery": t.delivery,
+                "details": list(t.details),
+            }
+            for t in turns
+        ],
     }
 
 

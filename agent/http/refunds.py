@@ -13,13 +13,14 @@ from fastapi import APIRouter, Depends, Header, Query, Response
 from pydantic import BaseModel, ValidationError
 
 from agent import policy, tokens
+from agent.conversation import conversation
 from agent.decision_checks import is_requester
 from agent.domain import RefundRequest
 from agent.http.clients import current_client, principal_of, requiring, sees_every_refund
 from agent.http.openapi import GUARDED, errors
 from agent.http.problems import Problem, describe
 from agent.http.refund_input import RefundIn
-from agent.http.views import OrderPage, RefundPage, RefundView, Status
+from agent.http.views import ConversationView, OrderPage, RefundPage, RefundView, Status
 from agent.services import Services, ServicesDep
 from agent.status import amounts_refunded, minor_text, refund_status, rfc3339
 from agent.submit import KEY_PATTERN, SubmissionError, submit_refund
@@ -157,6 +158,27 @@ def get_refund(refund_id: str, svc: ServicesDep, client: Reader) -> dict[str, An
     if status is None or not _visible(client, status):
         raise Problem(404, f"no refund {refund_id}")
     return _with_links(svc, client, status)
+
+
+@router.get(
+    "/refunds/{refund_id}/conversation",
+    response_model=ConversationView,
+    tags=["refunds"],
+    responses=errors(*GUARDED, 404, e404="no refund with that id, or one a `refunds:read` client did not request"),
+)
+def get_conversation(refund_id: str, svc: ServicesDep, client: Reader) -> ConversationView:
+    """The refund's conversation with its customer, oldest first: the request, each message the customer was sent
+    (with its delivery state), and what they wrote back on the help-desk ticket.
+
+    Messages to approvers are not part of it. A client with ``refunds:read`` only reads the refunds it requested."""
+    status = refund_status(svc.client, refund_id)
+    if status is None or not _visible(client, status):
+        raise Problem(404, f"no refund {refund_id}")
+    with app_db().engine.connect() as conn:
+        found = conversation(conn, svc.client, refund_id)
+    if found is None:
+        raise Problem(404, f"no refund {refund_id}")
+    return ConversationView.of(found)
 
 
 def _cursor(created: datetime, refund_id: str) -> str:

@@ -5,12 +5,14 @@ Timestamps are RFC 3339 in UTC with a ``Z`` (``2026-12-02T14:03:11.52Z``) everyw
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from agent.claims import ClaimView
+from agent.conversation import Conversation
 from steps.store import utc
 
 Timestamp = Annotated[datetime, AfterValidator(utc)]  # a stored time without a zone is UTC (SQLite keeps none)
@@ -231,6 +233,41 @@ class DecisionView(View):
     note: str
     via: str
     first: bool = Field(description="false when this repeats a decision recorded earlier")
+
+
+class TurnView(View):
+    """One message between the refund and its customer. ``text`` is plain text as written: render it escaped."""
+
+    at: Timestamp
+    speaker: Literal["customer", "agent"] = Field(description="who wrote it: the customer, or the refund agent")
+    channel: str = Field(
+        description="how it travelled: `api` (the request a client submitted), `helpdesk` (the ticket), `email`"
+    )
+    about: str = Field(
+        description="what it is: `request`, `comment` (the customer's reply on the ticket), or for a message to the "
+        "customer `outcome`, `waiting`, or what else it was sent about"
+    )
+    text: str
+    delivery: Literal["pending", "sending", "sent", "failed"] | None = Field(
+        description="a message to the customer: how far its delivery got; null for the customer's own"
+    )
+    details: list[str] = Field(description="what the message carried besides its text, e.g. the help desk's comment id")
+
+
+class ConversationView(View):
+    """A refund's conversation with its customer, oldest first. Messages to approvers are not part of it."""
+
+    refund_id: str
+    ticket_id: str | None = Field(description="the help-desk ticket the refund came from; null for one from the API")
+    turns: list[TurnView]
+
+    @classmethod
+    def of(cls, found: Conversation) -> ConversationView:
+        return cls(
+            refund_id=found.refund_id,
+            ticket_id=found.ticket_id,
+            turns=[TurnView.model_validate({**asdict(t), "details": list(t.details)}) for t in found.turns],
+        )
 
 
 class Readiness(View):
