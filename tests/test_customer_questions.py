@@ -162,7 +162,7 @@ def test_asking_off_keeps_the_old_path(env: Env, desk: EvidenceServer) -> None:
     with serving(env, desk, customer_questions="") as svc:
         refund_id = svc.submit("ask-off-00001", "ord_1001", "My parcel never arrived.")
         view = svc.reaches(refund_id, "awaiting_approval")
-    assert view["question"] is None and message(refund_id, "question") is None
+        assert view["question"] is None and message(refund_id, "question") is None
 
 
 def ticket_created(ticket: int, order: str, description: str) -> dict[str, Any]:
@@ -237,7 +237,7 @@ def test_an_answer_that_won_leaves_the_deadline_nothing_to_do(env: Env, desk: Ev
         done = svc.reaches(refund_id, "rejected")
         expiry = wait_for(lambda: DBOS.get_workflow_status(expiry_id(refund_id)), timeout=30, what="the deadline")
         wait_for(lambda: DBOS.get_workflow_status(expiry_id(refund_id)).status == "SUCCESS", timeout=30, what="ended")
-    assert expiry is not None and DBOS.retrieve_workflow(expiry_id(refund_id)).get_result() is None
+        assert expiry is not None and DBOS.retrieve_workflow(expiry_id(refund_id)).get_result() is None
     assert done["outcome"]["detail"].startswith("refuse: the customer said the parcel arrived after all")
     assert done["customer_message"]["text"].startswith("Thank you for letting us know your parcel arrived")
     assert paid(env, "ord_1001") == []
