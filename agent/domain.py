@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from steps.evidence import QuestionKind
 from steps.records import (
     SUPPORTED_CURRENCIES,
     ApprovalRecord,
@@ -41,6 +42,7 @@ class Phase(StrEnum):
     RECEIVED = "received"
     DECIDING = "deciding"
     AWAITING_APPROVAL = "awaiting_approval"
+    AWAITING_CUSTOMER = "awaiting_customer"  # asked the customer for what only they can give (agent/questions.py)
     PAYING = "paying"
     SETTLING = "settling"  # the provider took the refund but has not settled it (pending)
     COMPLETED = "completed"
@@ -166,7 +168,7 @@ class RecordedProposal(RefundProposal):
     category: ClaimCategory = "other"
 
 
-VerdictKind = Literal["auto_approve", "needs_approval", "refuse"]
+VerdictKind = Literal["auto_approve", "needs_approval", "refuse", "ask_customer"]
 
 
 class Verdict(BaseModel):
@@ -187,6 +189,8 @@ class Verdict(BaseModel):
     """Signals recorded with the refund for people to follow up (``early_fraud_warning``), never a reason to pay."""
     customer_note: str | None = None
     """What the customer is told when the evidence decides (the parcel's expected date, how to return it)."""
+    question: QuestionKind | None = None
+    """With ``ask_customer``: what the customer is asked for (agent/questions.py words it)."""
 
     @property
     def summary(self) -> str:

@@ -9,20 +9,27 @@ whichever category asked for it; ``needed`` says which look-ups the categories n
 one that was not made (or failed) goes to a person, so a model that skips a look-up never gets a refund paid
 unchecked. ``judge`` is the rule refunds decided before the whole case counted kept: the model's category and its
 one look-up (they replay with it, agent/workflow.py ``WHOLE_CASE_PATCH``).
+
+Where the gap is one the customer can close, ``judge_case`` asks them (``ask``, for the question kinds allowed): a
+parcel the carrier shows delivered with a photo at the door while they say it never came (``delivery``: confirm
+it), goods claimed broken or wrong while the carrier still shows the parcel moving (``photo``: of the item), a
+return they say they sent that the warehouse has not seen (``return_tracking``: its tracking number). With their
+answer recorded (``Evidence.answer``) the same rules judge it, and nothing is asked again.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Literal
 
 from agent.domain import ClaimCategory
-from steps.evidence import Evidence, LookUp, ReturnReceipt, Tracking
+from steps.evidence import CustomerAnswer, Evidence, LookUp, QuestionKind, ReturnReceipt, Tracking
 from steps.records import Order, format_money
 
-FindingKind = Literal["none", "refuse", "wait", "person"]
+FindingKind = Literal["none", "ask", "refuse", "wait", "person"]
 #: Claims that only evidence can settle, and the look-up that settles them.
 NEEDS: dict[ClaimCategory, Literal["tracking", "returns", "risk"]] = {
     "not_received": "tracking",
@@ -46,6 +53,8 @@ class Finding:
     """At most this may be refunded (the received lines of a return); None: no bound from the evidence."""
     customer_note: str | None = None
     flags: tuple[str, ...] = ()
+    question: QuestionKind | None = None
+    """With ``ask``: what the customer is asked for."""
 
 
 def _day(at: datetime) -> str:
@@ -86,7 +95,7 @@ def judge(category: ClaimCategory, evidence: Evidence, order: Order, as_of: date
 #: Claims about the goods in hand: the carrier must show them delivered.
 ABOUT_THE_GOODS: frozenset[str] = frozenset({"damaged", "wrong_item", "not_as_described"})
 _RETURNS_CLAIMS = frozenset({"returned", "changed_mind"})
-_RANK: dict[FindingKind, int] = {"none": 0, "person": 1, "wait": 2, "refuse": 3}
+_RANK: dict[FindingKind, int] = {"none": 0, "ask": 1, "person": 2, "wait": 3, "refuse": 4}
 
 
 def needed(categories: frozenset[str], order: Order) -> tuple[LookUp, ...]:
@@ -102,9 +111,14 @@ def needed(categories: frozenset[str], order: Order) -> tuple[LookUp, ...]:
     return tuple(wanted)
 
 
-def judge_case(categories: frozenset[str], evidence: Evidence, order: Order, as_of: datetime) -> Finding:
+def judge_case(
+    categories: frozenset[str], evidence: Evidence, order: Order, as_of: datetime, ask: frozenset[str] = frozenset()
+) -> Finding:
     """The evidence's word on the whole claim: the charge's risk (a dispute refuses, a fraud warning goes to a
-    person), then, for every look-up made or needed, what it says about each category; the strictest wins."""
+    person), then, for every look-up made or needed, what it says about each category; the strictest wins. ``ask``:
+    the question kinds the customer may be asked (none once they answered one: a refund asks once)."""
+    answer = evidence.answer
+    ask = frozenset() if answer is not None else ask
     if evidence.risk is not None and evidence.risk.open_disputes:
         return judge("duplicate_charge", evidence, order, as_of)  # the dispute decides, as it always did
     found: list[Finding] = []
@@ -121,10 +135,13 @@ def judge_case(categories: frozenset[str], evidence: Evidence, order: Order, as_
     if "not_received" in categories and not order.tracking_code:
         found.append(Finding("person", ("the order has no tracking number to check the claim against",)))
     if evidence.tracking is not None:
-        found += _tracking_for(categories, evidence.tracking, order, as_of)
+        found += _tracking_for(categories, evidence.tracking, order, as_of, ask, answer)
     if evidence.returns is not None:
         returned = _returns(evidence.returns, order)
-        found.append(returned if categories & _RETURNS_CLAIMS else Finding("none", facts=returned.facts))
+        if categories & _RETURNS_CLAIMS:
+            found.append(_return_sent(categories, evidence.returns, returned, ask, answer))
+        else:
+            found.append(Finding("none", facts=returned.facts))
     return _strictest(found)
 
 
@@ -136,9 +153,16 @@ _NAMES: dict[LookUp, str] = {
 }
 
 
-def _tracking_for(categories: frozenset[str], tracking: Tracking, order: Order, as_of: datetime) -> list[Finding]:
+def _tracking_for(
+    categories: frozenset[str],
+    tracking: Tracking,
+    order: Order,
+    as_of: datetime,
+    ask: frozenset[str] = frozenset(),
+    answer: CustomerAnswer | None = None,
+) -> list[Finding]:
     """A tracking record counts for every category: a parcel not delivered contradicts a claim about the goods."""
-    found = [_delivery(tracking, as_of)] if "not_received" in categories else []
+    found = [_not_received(tracking, as_of, ask, answer)] if "not_received" in categories else []
     where = f"{tracking.carrier} {tracking.tracking_code}"
     said = tracking.status.replace("_", " ") if tracking.found else "unknown to the carrier"
     if categories & ABOUT_THE_GOODS:
@@ -147,10 +171,90 @@ def _tracking_for(categories: frozenset[str], tracking: Tracking, order: Order, 
         else:
             claim = ", ".join(sorted(c.replace("_", " ") for c in categories & ABOUT_THE_GOODS))
             reason = f"the claim ({claim}) is about goods in hand, but the carrier shows {where} {said}"
-            found.append(Finding("person", (reason,), (f"the carrier shows {where} {said}",)))
+            person = Finding("person", (reason,), (f"the carrier shows {where} {said}",))
+            # A parcel still shown moving may have come without its last scan: a photo shows the goods in hand.
+            moving = tracking.found and tracking.status in _MOVING
+            found.append(_photo(person, answer) if moving and (answer or "photo" in ask) else person)
     if not found:
         found.append(Finding("none", facts=(f"the carrier shows {where} {said}",)))
     return found
+
+
+def _photo(person: Finding, answer: CustomerAnswer | None) -> Finding:
+    """Goods claimed in hand on a parcel still moving: ask for a photo of them; with one, the claim is judged by the
+    usual rules (the photo noted); asked and sent none, a person looks."""
+    if answer is None:
+        return replace(person, kind="ask", question="photo")
+    if answer.question != "photo":
+        return person
+    photos = [f for f in answer.files if f.image]
+    if not photos:
+        return replace(
+            person, reasons=("the customer was asked for a photo of the item and sent none", *person.reasons)
+        )
+    shown = ", ".join(f"{f.content_type}, {f.size} bytes" for f in photos)
+    return Finding("none", facts=(*person.facts, f"the customer sent {len(photos)} photo(s) of the item ({shown})"))
+
+
+def _not_received(tracking: Tracking, as_of: datetime, ask: frozenset[str], answer: CustomerAnswer | None) -> Finding:
+    """A parcel the customer says never came: the carrier's word, and where it shows a photo at the door, the
+    customer's confirmation (asked once): still not received, the usual rules; it arrived after all, refused."""
+    base = _delivery(tracking, as_of)
+    if not (tracking.found and tracking.status == "delivered" and tracking.proof == "photo"):
+        return base
+    if answer is None:
+        return replace(base, kind="ask", question="delivery") if "delivery" in ask else base
+    if answer.question != "delivery":
+        return base
+    received = answer.received if answer.received is not None else says_received(answer.text)
+    if received is False:
+        fact = "the customer confirmed the parcel never reached them"
+        return Finding("none", facts=(*base.facts, fact))
+    if received:
+        reason = "the customer said the parcel arrived after all"
+        note = "Thank you for letting us know your parcel arrived. As it did, there is no refund for a missing parcel."
+        return Finding("refuse", (reason,), (*base.facts, reason), customer_note=note)
+    return replace(base, reasons=("the customer's answer does not say whether the parcel arrived", *base.reasons))
+
+
+def _return_sent(
+    categories: frozenset[str],
+    receipt: ReturnReceipt,
+    returned: Finding,
+    ask: frozenset[str],
+    answer: CustomerAnswer | None,
+) -> Finding:
+    """A return the customer says they sent that the warehouse has not seen (none opened, a label never scanned):
+    ask for its tracking number (once); given one, a person checks it with the carrier; none given, as before."""
+    if "returned" not in categories or receipt.status not in ("none", "label_created"):
+        return returned
+    if answer is None:
+        return replace(returned, kind="ask", question="return_tracking") if "return_tracking" in ask else returned
+    if answer.question != "return_tracking" or not answer.tracking_number:
+        return returned
+    fact = f"the customer says the return was sent with tracking number {answer.tracking_number}"
+    reason = f"{fact}, but the warehouse shows {returned.reasons[0] if returned.reasons else 'no return'}"
+    return Finding("person", (reason,), (*returned.facts, fact))
+
+
+_ARRIVED = re.compile(
+    r"\b(it|parcel|package|order|item)\b[^.!?]{0,30}\b(arrived|turned up|came|showed up)\b|\bfound (it|the parcel|the "
+    r"package)\b|\b(i|we) (got|have|received) it\b|\bneighbou?r had it\b|\barrived after all\b",
+    re.I,
+)
+_STILL_MISSING = re.compile(
+    r"(?:\bnot|\bnever|n't|\bno)\b[^.!?]{0,30}\b(received|arrived|come|came|got|get|here|delivered|parcel|package)\b|"
+    r"\bstill (missing|nothing|waiting)\b|\bnothing (came|arrived)\b",
+    re.I,
+)
+
+
+def says_received(text: str) -> bool | None:
+    """What the customer's words say about the parcel: False (still not received: a negation wins), True (it
+    arrived), None (neither said)."""
+    if _STILL_MISSING.search(text):
+        return False
+    return True if _ARRIVED.search(text) else None
 
 
 def _strictest(found: list[Finding]) -> Finding:
@@ -168,6 +272,7 @@ def _strictest(found: list[Finding]) -> Finding:
         min(bounds) if bounds else None,
         next((f.customer_note for f in top if f.customer_note), None),
         tuple(dict.fromkeys(x for f in found for x in f.flags)),
+        next((f.question for f in top if f.question), None),
     )
 
 

@@ -38,6 +38,9 @@ class Limits:
     """Claims open on one order at once; a claim after this many goes to a person (raised only for load tests)."""
     scales: Mapping[str, Decimal] = field(default_factory=lambda: dict(LIMIT_SCALES))
     """Units of each currency per base-currency unit of a limit; a currency not listed counts one for one."""
+    questions: frozenset[str] = frozenset()
+    """What a refund may ask its customer for where only they can close the gap (``CUSTOMER_QUESTIONS``: delivery,
+    photo, return_tracking); empty: nothing is asked, and such a gap goes to a person or is refused for now."""
 
     def auto_approve_for(self, currency: str) -> Decimal:
         return self._in(currency, self.auto_approve, self.auto_approve_by_currency)
@@ -266,8 +269,8 @@ def _with_claim(
     if claim.by_label:
         found = evidence_policy.judge(claim.category, claim.evidence, order, as_of)
     else:
-        found = evidence_policy.judge_case(claim.categories, claim.evidence, order, as_of)
-        if (disagreement := claim.disagreement) and found.kind in ("none", "person"):
+        found = evidence_policy.judge_case(claim.categories, claim.evidence, order, as_of, ask=limits.questions)
+        if (disagreement := claim.disagreement) and found.kind in ("none", "person", "ask"):
             found = replace(found, kind="person", reasons=(disagreement, *found.reasons))
     verdict = verdict.model_copy(update={"findings": found.facts, "flags": found.flags})
     if verdict.kind == "refuse":
@@ -287,6 +290,9 @@ def _with_claim(
         verdict = verdict.model_copy(update={"kind": kind, "amount": found.bound, "reasons": reasons})
         if verdict.kind == "refuse":
             return verdict
+    if found.kind == "ask":  # what only the customer can give first; their answer is judged by these same rules
+        reasons = (*found.reasons, *(r for r in verdict.reasons if verdict.kind == "needs_approval"))
+        return verdict.model_copy(update={"kind": "ask_customer", "reasons": reasons, "question": found.question})
     if found.kind == "person":
         reasons = (*found.reasons, *(r for r in verdict.reasons if verdict.kind == "needs_approval"))
         return verdict.model_copy(update={"kind": "needs_approval", "reasons": reasons})

@@ -20,9 +20,11 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
 
+from steps.evidence import QuestionKind
 from steps.records import format_moment, format_money
 
 __all__ = [
+    "asked",
     "draft_fits",
     "expired",
     "not_found",
@@ -31,6 +33,8 @@ __all__ = [
     "plain_reasons",
     "refused",
     "rejected_by_person",
+    "reminded",
+    "unanswered",
     "waiting",
 ]
 
@@ -106,6 +110,57 @@ def waiting(amount: Decimal, currency: str, by: datetime) -> str:
     return (
         f"We have received your request for a refund of {format_money(amount, currency)}. A member of our team "
         f"needs to confirm it before it is sent; you will hear from us again by {format_moment(rounded_up)}."
+    )
+
+
+#: What each question asks for, exactly (agent/evidence_policy.py decides when a refund asks).
+NEEDED: dict[QuestionKind, str] = {
+    "delivery": (
+        "Our carrier shows your parcel as delivered, with a photo taken at the door. Please tell us whether it has "
+        "reached you since: confirm that you still have not received it, or tell us that it turned up."
+    ),
+    "photo": (
+        "Please send us a photo of the item showing what is wrong with it (a JPEG, PNG, GIF or WebP image of at "
+        "most 5 MB)."
+    ),
+    "return_tracking": (
+        "Our warehouse has not received your return yet. Please send us the tracking number of the parcel you sent "
+        "it back in."
+    ),
+}
+
+
+def _rounded_up(by: datetime) -> datetime:
+    return by.replace(second=0, microsecond=0) + (timedelta(minutes=1) if by.second or by.microsecond else ZERO)
+
+
+def asked(question: QuestionKind, link: str, by: datetime) -> str:
+    """Asked for what only the customer can give: what exactly, where to answer, and by when."""
+    return (
+        f"To decide your refund we need one thing from you. {NEEDED[question]} Answer here: {link} (a reply on "
+        f"your support ticket works too, if you wrote to us through one). We need your answer by "
+        f"{format_moment(_rounded_up(by))}; without it we close this request then."
+    )
+
+
+def reminded(question: QuestionKind, link: str, by: datetime) -> str:
+    """The one reminder before the question expires."""
+    return (
+        f"A reminder: we are still waiting for your answer to decide your refund. {NEEDED[question]} Answer here: "
+        f"{link}. Without an answer by {format_moment(_rounded_up(by))} we close this request."
+    )
+
+
+def unanswered(question: QuestionKind) -> str:
+    """The question expired unanswered: the request is closed, and why."""
+    what = {
+        "delivery": "whether your parcel arrived",
+        "photo": "a photo of the item",
+        "return_tracking": ("the tracking number of your return"),
+    }[question]
+    return (
+        f"We are sorry: we asked you for {what} and did not hear back in time, so we have closed this refund request "
+        "without a refund. You are welcome to send a new request with that information."
     )
 
 

@@ -14,7 +14,7 @@ from pydantic_ai.models import Model
 
 # The workflow modules are imported here so DBOS registers them before launch (recovery needs them);
 # they reach the running agent through agent.context, never through this module.
-from agent import approval_workflows, legacy, policy, workflow
+from agent import approval_workflows, legacy, policy, question_workflows, rejudge, workflow
 from agent.approvals import APPROVAL_QUEUE, ApprovalSettings
 from agent.brain import build_agent
 from agent.context import Runtime, current, install, running
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 #: Every module that defines a DBOS workflow: importing them registers the workflows, which must happen before
 #: ``DBOS.launch()`` so recovery finds them.
-WORKFLOW_MODULES = (workflow, legacy, approval_workflows)
+WORKFLOW_MODULES = (workflow, legacy, approval_workflows, question_workflows, rejudge)
 
 __all__ = [
     "QUEUES",
@@ -229,6 +229,7 @@ def start(
         customer_max_amount_by_currency=settings.policy.customer_max_refund_amounts,
         order_max_open_claims=settings.policy.order_max_open_claims,
         scales=settings.policy.limit_scales,
+        questions=settings.questions.enabled,
     )
     approval_settings = ApprovalSettings(
         escalate_after=settings.approvals.escalate_after_seconds,

@@ -19,9 +19,12 @@ from dbos import DBOSClient, WorkflowStatus
 
 from agent.approvals import deadline_id, escalation_id, family, request_view, settle_id
 from agent.claims import claim_view
+from agent.questions import expiry_id, rejudge_id, reminder_id
+from agent.questions import ids as question_ids
 from agent.settlement import settlement_prefix
 from steps.approval_book import approval_request, recorded_decision
 from steps.notify import customer_message
+from steps.questions import Question, question_of
 from steps.records import from_minor
 from steps.settlement import amounts_paid
 from steps.store import app_db, refunds, utc
@@ -54,7 +57,9 @@ def _request(request: Any) -> dict[str, Any]:
 
 def workflows_of(client: DBOSClient, refund_id: str) -> list[WorkflowStatus]:
     """The refund's workflows (its settlement's too) and their forks, oldest first."""
-    found = client.list_workflows(workflow_ids=family(refund_id), load_input=False, load_output=True)
+    found = client.list_workflows(
+        workflow_ids=family(refund_id) + question_ids(refund_id), load_input=False, load_output=True
+    )
     if found:  # and the settlement of a refund the provider settled later (agent/settlement.py)
         found += client.list_workflows(
             workflow_id_prefix=settlement_prefix(refund_id), load_input=False, load_output=True
@@ -70,7 +75,7 @@ def speaking(workflows: list[WorkflowStatus], refund_id: str) -> WorkflowStatus 
     forks = [wf for wf in workflows if wf.forked_from]
     if forks:
         return forks[-1]
-    return by_id.get(settle_id(refund_id)) or by_id.get(refund_id)
+    return by_id.get(settle_id(refund_id)) or by_id.get(rejudge_id(refund_id)) or by_id.get(refund_id)
 
 
 def outcome_of(workflows: list[WorkflowStatus]) -> dict[str, Any] | None:
@@ -165,6 +170,7 @@ def refund_status(
         request = approval_request(conn, refund_id)
         message = customer_message(conn, refund_id)
         paid = amounts_refunded(conn, [row] if row else []).get(refund_id)
+        asked = question_of(conn, refund_id)
     workflows = workflows_of(client, refund_id)
     if row is None and not workflows:
         return None
@@ -202,6 +208,7 @@ def refund_status(
         }
         if request or decision
         else None,
+        "question": question_view(asked, workflows) if asked else None,
         "payment": {
             "provider_refund_id": row.provider_refund_id if row else None,
             "idempotency_key": row.idempotency_key if row else None,
@@ -223,6 +230,26 @@ def refund_status(
             for wf in workflows
         ],
         "steps": step_timeline(client, workflows),
+    }
+
+
+def question_view(asked: Question, workflows: list[WorkflowStatus]) -> dict[str, Any]:
+    """What the refund asked its customer, by when, and what became of it (the answer's words are not shown here)."""
+    answer = asked.answer
+    return {
+        "kind": asked.question,
+        "state": asked.state,
+        "asked_at": rfc3339(asked.asked_at),
+        "remind_at": rfc3339(asked.remind_at),
+        "expires_at": rfc3339(asked.expires_at),
+        "reminded_at": rfc3339(asked.reminded_at) if asked.reminded_at else None,
+        "answered_at": rfc3339(asked.answered_at) if asked.answered_at else None,
+        "answered_via": answer.via if answer else None,
+        "files": [{"content_type": f.content_type, "size": f.size, "sha256": f.sha256} for f in answer.files]
+        if answer
+        else [],
+        "reminder": _timer(workflows, reminder_id(asked.refund_id)),
+        "deadline": _timer(workflows, expiry_id(asked.refund_id)),
     }
 
 

@@ -23,6 +23,8 @@ from agent.claims import evidence_lines
 from agent.context import Runtime, current
 from agent.domain import ApprovalRecord, Phase, RefundProposal, RefundRequest, Verdict
 from agent.ops.offloop import call
+from agent.question_workflows import ask_customer
+from agent.questions import ASK_CUSTOMER_PATCH
 from agent.settlement import park_payment, settle
 from agent.whole_case import case_claim, verdict_changes, whole_case
 from steps.approval_book import open_approval_step, standing_decision_step
@@ -124,6 +126,7 @@ async def act_on(
     """Policy judges the proposal against the order as the case file's step read it, and the claim against the
     evidence its look-ups recorded; then pay, refuse or park."""
     crash_point("after_model_response")
+    asked_on = proposal  # what the customer's answer is judged again with, as the model proposed it
     verdict = policy_verdict(proposal, snapshot, rt.limits, requested=req.amount)
     # The request's bound changed the amount. A refund that a release without the bound decided and recorded
     # past this point replays as it was recorded; the patch marks the refunds decided with the bound.
@@ -134,6 +137,10 @@ async def act_on(
     judged = verdict
     if claim is not None:  # the evidence and the customer's recent refunds: the same patch rule
         judged = policy_verdict(proposal, snapshot, rt.limits, requested=requested, claim=claim)
+        if judged.kind == "ask_customer" and not await DBOS.patch_async(ASK_CUSTOMER_PATCH):
+            # A refund decided before questions replays as recorded: what the gap meant then (a person, a refusal).
+            silent = replace(rt.limits, questions=frozenset())
+            judged = policy_verdict(proposal, snapshot, silent, requested=requested, claim=claim)
         # A refund judged on the whole case recorded its own patch, which implies this one.
         if verdict_changes(judged, verdict) and not whole_case and not await DBOS.patch_async(EVIDENCE_PATCH):
             judged = verdict
@@ -175,6 +182,8 @@ async def act_on(
         return await finish(refund_id, Phase.REJECTED, verdict.summary, reply=reply)
     if verdict.kind == "refuse":
         return await refuse(refund_id, verdict, record)
+    if verdict.kind == "ask_customer":
+        return await ask_customer(rt, refund_id, req, verdict, asked_on, record, requested=requested)
     return await park(rt, refund_id, verdict, proposal, record)
 
 

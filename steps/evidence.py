@@ -147,6 +147,46 @@ class TicketHistory(Record):
 LookUp = Literal["tracking", "returns", "risk", "tickets"]
 
 
+#: What a refund may ask its customer for (agent/questions.py): durable, recorded with every question.
+QuestionKind = Literal["delivery", "photo", "return_tracking"]
+QUESTION_KINDS: tuple[QuestionKind, ...] = ("delivery", "photo", "return_tracking")
+
+
+class AnswerFile(Record):
+    """A file the customer sent with an answer: described, never executed or shown. Uploaded through the answer
+    link it is stored (``stored``), identified by its SHA-256; sent on a help-desk comment it is a reference
+    (``url``, never fetched)."""
+
+    name: str = ""
+    content_type: str
+    """The type its bytes show (an uploaded file) or the help desk reported (a reference)."""
+    size: int
+    sha256: str = ""
+    url: str = ""
+    stored: bool = False
+
+    @property
+    def image(self) -> bool:
+        return self.size > 0 and self.content_type in ("image/jpeg", "image/png", "image/gif", "image/webp")
+
+
+class CustomerAnswer(Record):
+    """The customer's answer to the refund's question, as recorded: evidence policy judges the refund again with."""
+
+    question: QuestionKind
+    text: str = ""
+    """Their words, plain text (never rendered unescaped)."""
+    received: bool | None = None
+    """For ``delivery``, what the form's choice said: False (still not received), True (it arrived); None: read
+    from their words."""
+    tracking_number: str = ""
+    """For ``return_tracking``: the return parcel's tracking number they gave."""
+    files: list[AnswerFile] = []
+    via: str = ""
+    """``link`` (the signed answer link) or ``helpdesk:<comment id>``."""
+    answered_at: datetime | None = None
+
+
 class Evidence(Record):
     """What the agent looked up for one refund, as the steps returned it (None: not looked up)."""
 
@@ -156,6 +196,8 @@ class Evidence(Record):
     tickets: TicketHistory | None = None
     failed: dict[str, str] = {}
     """Look-ups that failed through their retries: look-up -> what went wrong (no secret, no body)."""
+    answer: CustomerAnswer | None = None
+    """The customer's answer to the refund's question, once judged again with it; None: nothing was asked."""
 
     def looked_up(self) -> list[LookUp]:
         names: tuple[LookUp, ...] = ("tracking", "returns", "risk", "tickets")

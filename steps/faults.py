@@ -23,6 +23,10 @@ CRASH_POINTS = frozenset(
         "after_warehouse_answered",  # the warehouse's return answered; the look-up step has not checkpointed
         "after_email_sent",  # the SMTP server accepted an outbox message; its row is not recorded sent yet
         "after_ticket_comment_posted",  # the help desk took an outbox message as a comment; not recorded sent yet
+        "after_question_recorded",  # the question and the verdict are recorded; no timer, no message to the customer
+        "after_answer_recorded",  # the answer is recorded; the second judgement is not enqueued
+        "after_answer_received",  # the second judgement read the answer; nothing after it has run
+        "after_rejudged",  # the second judgement decided; nothing is recorded or paid yet
     }
 )
 

@@ -89,8 +89,9 @@ class CustomerMessage:
     text: str
 
 
-#: What a customer message is about: the refund's outcome (one per refund), or that it waits for a person.
-CustomerAbout = Literal["outcome", "waiting"]
+#: What a customer message is about: the refund's outcome (one per refund), that it waits for a person, the question
+#: it asks them (steps/questions.py) and the one reminder of it.
+CustomerAbout = Literal["outcome", "waiting", "question", "reminder"]
 
 
 def _customer_key(refund_id: str, about: CustomerAbout) -> str:
@@ -118,17 +119,20 @@ def queue_customer_message(refund_id: str, message: CustomerMessage, *, about: C
 
 def customer_message(conn: sa.Connection, refund_id: str) -> dict[str, str] | None:
     """The last message the refund's customer was sent, when, what it was about (the outcome once there is one,
-    else that it waits for a person) and how far its email delivery got; None before any."""
-    for about in ("outcome", "waiting"):
-        row = conn.execute(
-            sa.select(outbox.c.body, outbox.c.created_at, outbox.c.delivery_state).where(
-                outbox.c.message_key == _customer_key(refund_id, about)
-            )
-        ).first()
-        if row is not None:
-            sent_at = utc(row.created_at).isoformat()
-            return {"text": row.body, "sent_at": sent_at, "about": about, "delivery": row.delivery_state}
-    return None
+    else the newest of its question, the reminder and that it waits for a person) and how far its email delivery
+    got; None before any."""
+    keys = {_customer_key(refund_id, about): about for about in ("outcome", "waiting", "question", "reminder")}
+    rows = conn.execute(
+        sa.select(outbox.c.message_key, outbox.c.body, outbox.c.created_at, outbox.c.delivery_state, outbox.c.id)
+        .where(outbox.c.message_key.in_(list(keys)))
+        .order_by(outbox.c.id)
+    ).all()
+    found = sorted(rows, key=lambda r: (keys[r.message_key] == "outcome", r.id))
+    if not found:
+        return None
+    row = found[-1]
+    sent_at = utc(row.created_at).isoformat()
+    return {"text": row.body, "sent_at": sent_at, "about": keys[row.message_key], "delivery": row.delivery_state}
 
 
 @transaction("notify.customer")

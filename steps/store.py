@@ -281,6 +281,39 @@ helpdesk_comments = sa.Table(
 )
 
 
+# A refund's question to its customer (migration 0016, steps/questions.py): one per refund, so nothing is asked twice.
+# ``state`` moves once, from open to answered (the answer recorded with it) or expired, guarded by its own update.
+customer_questions = sa.Table(
+    "customer_questions",
+    metadata,
+    sa.Column("refund_id", sa.String(200), primary_key=True),
+    sa.Column("question", sa.String(32), nullable=False),  # delivery | photo | return_tracking
+    sa.Column("asked_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("remind_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("reminded_at", sa.DateTime(timezone=True)),
+    sa.Column("state", sa.String(16), nullable=False),  # open | answered | expired
+    sa.Column("case_file", sa.JSON, nullable=False),  # the request and the proposal judged again with the answer
+    sa.Column("answered_at", sa.DateTime(timezone=True)),
+    sa.Column("answer", sa.JSON),  # steps.evidence.CustomerAnswer, plain text and file descriptions
+    sa.Column("answer_key", sa.String(300)),  # what delivered it (a help-desk comment, a link's form): once
+)
+
+# Files customers uploaded with an answer through its link: kept as bytes with their type, size and SHA-256, and
+# never served back (nothing renders or runs them).
+customer_answer_files = sa.Table(
+    "customer_answer_files",
+    metadata,
+    sa.Column("refund_id", sa.String(200), primary_key=True),
+    sa.Column("sha256", sa.String(64), primary_key=True),
+    sa.Column("name", sa.String(200), nullable=False),
+    sa.Column("content_type", sa.String(100), nullable=False),
+    sa.Column("size", sa.Integer, nullable=False),
+    sa.Column("content", sa.LargeBinary, nullable=False),
+    sa.Column("received_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+
 def insert_if_absent(conn: sa.Connection | Session, table: sa.Table, values: dict[str, Any]) -> bool:
     """INSERT ... ON CONFLICT DO NOTHING; True when this call inserted the row."""
     dialect = conn.dialect if isinstance(conn, sa.Connection) else conn.get_bind().dialect

@@ -15,6 +15,8 @@ import pytest
 import sqlalchemy as sa
 from dbos import DBOSClient
 
+from agent import replies
+from agent.ops.processes import wait_for
 from agent.status import refund_status
 from steps import audit
 from steps.lookups import PAYMENT_RISK_STEP, TRACK_SHIPMENT_STEP
@@ -116,12 +118,16 @@ def test_a_return_pays_only_the_lines_the_warehouse_received(env: Env, client: D
     assert row(refund_id).claim_category == "returned"
 
 
-def test_a_return_never_scanned_refunds_nothing_and_says_what_to_do(env: Env, client: DBOSClient) -> None:
+def test_a_return_never_scanned_refunds_nothing_and_asks_for_its_tracking_number(env: Env, client: DBOSClient) -> None:
+    """The customer says they sent it back; the warehouse never scanned the label: they are asked for the return's
+    tracking number (the refusal that said what to do is the path with ``CUSTOMER_QUESTIONS`` empty,
+    tests/test_question_rules.py)."""
     refund_id = submit(client, "investigate-label-01", "ord_1015", "I returned the yoga mat weeks ago.")
-    outcome = result(client, refund_id)
-    assert outcome["status"] == "rejected" and "never scanned" in outcome["detail"]
+    wait_for(lambda: row(refund_id).status == "awaiting_customer", timeout=60, what="the question")
+    assert row(refund_id).verdict == "ask_customer"
     [text] = told(refund_id)
-    assert "Drop the parcel off" in text
+    assert replies.NEEDED["return_tracking"] in text and "/answer/" in text
+    assert env.sandbox.refunds("ch_ord_1015") == []
 
 
 def test_an_open_dispute_refuses_and_an_early_fraud_warning_goes_to_a_person(env: Env, client: DBOSClient) -> None:

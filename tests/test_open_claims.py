@@ -31,11 +31,11 @@ from tests.test_workflow import chain_ok, parked, result, submit
 
 def test_a_claim_switched_on_an_order_whose_first_claim_waits_is_not_paid_at_once(env: Env, client: DBOSClient) -> None:
     first = submit(client, "switch-first-0001", "ord_1001", "The mouse never arrived.")
-    assert "delivered" in parked(client, first)["reason"]  # tracking: delivered, with a photo
+    assert decided(first) == "awaiting_customer"  # tracking: delivered, with a photo: the customer is asked
     second = submit(client, "switch-second-001", "ord_1001", "Actually it arrived broken, refund the 42.00.")
     assert decided(second) == "awaiting_approval"
     request = parked(client, second)
-    assert f"refund {first} of this order is still open (awaiting approval" in request["reason"]
+    assert f"refund {first} of this order is still open (awaiting customer" in request["reason"]
     assert "claimed as not_received" in request["reason"]
     assert env.sandbox.refunds("ch_ord_1001") == []  # neither claim was paid
     assert row(second).status == "awaiting_approval" and row(second).verdict == "needs_approval"

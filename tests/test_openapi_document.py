@@ -26,6 +26,8 @@ KEYED = [
 OWN_PROOF = [
     ("get", "/approve/{token}"),
     ("post", "/approve/{token}"),
+    ("get", "/answer/{refund_id}/{token}"),
+    ("post", "/answer/{refund_id}/{token}"),
     ("post", "/slack/interactions"),
     ("post", "/webhooks/stripe"),
     ("get", "/healthz"),

@@ -29,7 +29,7 @@ from tests.identities import DANA
 from tests.test_investigation import entries, row, steps_of
 from tests.test_workflow import parked, result, running, submit
 
-_SETTLED = ("awaiting_approval", "completed", "rejected", "failed")
+_SETTLED = ("awaiting_approval", "awaiting_customer", "completed", "rejected", "failed")
 
 
 def _always_damaged(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -61,7 +61,7 @@ def model_client(request: pytest.FixtureRequest, env: Env, monkeypatch: pytest.M
 
 
 def settled(client: DBOSClient, refund_id: str) -> str:
-    """The refund's status once it is paid, refused, failed or parked for a person."""
+    """The refund's status once it is paid, refused, failed, parked for a person or waiting for its customer."""
 
     def status() -> str | None:
         found = refund_status(client, refund_id)
@@ -72,9 +72,9 @@ def settled(client: DBOSClient, refund_id: str) -> str:
 
 #: Claims the offline model, naming the right category, does not get paid at once (order, message, amount).
 NOT_PAID_AT_ONCE: list[tuple[str, str, str | None]] = [
-    ("ord_1001", "My mouse never arrived.", None),  # delivered with a photo: a person
+    ("ord_1001", "My mouse never arrived.", None),  # delivered with a photo: the customer is asked to confirm
     ("ord_1013", "Where is my parcel? It has not arrived.", None),  # in transit: nothing yet
-    ("ord_1015", "I returned the yoga mat weeks ago.", None),  # a label never scanned: nothing yet
+    ("ord_1015", "I returned the yoga mat weeks ago.", None),  # a label never scanned: asked for its tracking number
     ("ord_1017", "I don't recognise this charge.", "90.00"),  # an open dispute: refused
     ("ord_1016", "I was charged twice for this band.", None),  # an early fraud warning: a person
 ]

@@ -1,4 +1,5 @@
-"""The help desk's webhook (Zendesk): a new ticket starts a refund, a customer's comment on its ticket is kept.
+"""The help desk's webhook (Zendesk): a new ticket starts a refund, a customer's comment on its ticket is kept, and
+answers the refund's question when it asks one (agent/http/answers.py ``take_answer``).
 
 Who asks is the channel's: whoever signs with ``HELPDESK_WEBHOOK_SECRET`` is the help desk's principal
 (``HELPDESK_PRINCIPAL``), never anyone the body names. A ticket starts one refund at most: its id is
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,11 +22,14 @@ from pydantic import ValidationError
 
 from agent.domain import RefundRequest
 from agent.http import zendesk
+from agent.http.answers import take_answer
 from agent.http.openapi import errors
 from agent.http.problems import Problem, describe
 from agent.services import Services, ServicesDep
 from agent.submit import SubmissionError, submit_refund
 from steps import helpdesk_inbox
+from steps.evidence import AnswerFile, CustomerAnswer
+from steps.questions import question_of
 from steps.refunds import Requester
 from steps.store import app_db
 
@@ -69,7 +74,32 @@ def _keep_comment(event: zendesk.TicketEvent) -> dict[str, Any]:
         created_at=event.comment_at or datetime.now(UTC),
     )
     new = helpdesk_inbox.record_comment(engine, comment, refund_id=refund_id)
-    return {"outcome": "comment_recorded" if new else "comment_already_recorded", "refund_id": refund_id}
+    kept = {"outcome": "comment_recorded" if new else "comment_already_recorded", "refund_id": refund_id}
+    with engine.connect() as conn:
+        asked = question_of(conn, refund_id)
+    if asked is None:
+        return kept
+    answer = CustomerAnswer(
+        question=asked.question,
+        text=event.comment_body,
+        tracking_number=tracking_number_in(event.comment_body) if asked.question == "return_tracking" else "",
+        files=[
+            AnswerFile(name=a.file_name, content_type=a.content_type, size=a.size, url=a.url) for a in event.attachments
+        ],
+        via=f"helpdesk:{event.comment_id}",
+    )
+    status, said, _ = take_answer(refund_id, answer, key=f"helpdesk:{event.comment_id}")
+    outcome = {202: "answer_recorded", 409: "answer_refused", 410: "answer_too_late"}[status]
+    return {**kept, "outcome": outcome, "answer_status": status, "reason": said}
+
+
+_TRACKING = re.compile(r"\b(?=[A-Z0-9-]*[0-9])(?=[A-Z0-9-]*[A-Z])[A-Z0-9][A-Z0-9-]{6,38}[A-Z0-9]\b|\b[0-9]{10,30}\b")
+
+
+def tracking_number_in(text: str) -> str:
+    """A tracking number in the customer's words (letters and digits, 8-40 long, or 10-30 digits); empty if none."""
+    found = _TRACKING.search(text.upper())
+    return found.group(0) if found else ""
 
 
 def _handle(svc: Services, signature: str, event: zendesk.TicketEvent) -> dict[str, Any]:

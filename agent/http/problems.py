@@ -16,11 +16,16 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from agent.questions import MAX_FILE_BYTES
 from steps.store import transient_database_error
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024
+#: The one place that takes a multipart upload (an image with a customer's answer, agent/http/answers.py), and the
+#: largest body it takes: the largest file it keeps and the form around it. Every other path refuses multipart.
+UPLOAD_PATH = "/answer/"
+MAX_UPLOAD_BODY_BYTES = MAX_FILE_BYTES + MAX_BODY_BYTES
 TITLES = {
     400: "Bad request",
     401: "Unauthorized",
@@ -59,6 +64,7 @@ RETRY_AFTER_SECONDS = 1
 _LIBRARY_PREFIX = re.compile(r"^(Value error|Assertion failed), ")
 JSON = "application/json"
 FORM = "application/x-www-form-urlencoded"
+MULTIPART = "multipart/form-data"
 
 
 def describe(item: Mapping[str, Any]) -> str:
@@ -110,6 +116,8 @@ def _wrong_body_type(request: Request) -> str | None:
     if field is None or not _has_body(request):
         return None
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if isinstance(field.field_info, params.File):  # a form with a file: the answer link's (agent/http/answers.py)
+        return None if kind in (FORM, MULTIPART) else MULTIPART
     if isinstance(field.field_info, params.Form):
         return None if kind == FORM else FORM
     return None if kind == JSON or kind.endswith("+json") else JSON
@@ -182,14 +190,17 @@ def install(app: FastAPI) -> None:
         if "\x00" in request.scope["path"] or b"%00" in request.scope["query_string"].lower():
             return problem(400, "NUL characters are not allowed in URLs")
         if request.method in ("POST", "PUT", "PATCH"):
-            length = request.headers.get("content-length")
-            if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
-                return problem(413, f"request bodies are limited to {MAX_BODY_BYTES} bytes")
-            # What each route takes is judged once routing found it (``_wrong_body_type``); multipart, which none
-            # takes, is refused before anything parses it.
-            if request.headers.get("content-type", "").strip().lower().startswith("multipart/"):
+            # What each route takes is judged once routing found it (``_wrong_body_type``); multipart, which only
+            # the answer link's form takes, is refused anywhere else before anything parses it.
+            multipart = request.headers.get("content-type", "").strip().lower().startswith("multipart/")
+            upload = multipart and request.scope["path"].startswith(UPLOAD_PATH)
+            if multipart and not upload:
                 return problem(415, f"no endpoint here takes multipart bodies; the API takes {JSON}")
+            limit = MAX_UPLOAD_BODY_BYTES if upload else MAX_BODY_BYTES
+            length = request.headers.get("content-length")
+            if length is not None and (not length.isdigit() or int(length) > limit):
+                return problem(413, f"request bodies are limited to {limit} bytes")
             body = await request.body()  # cached by Starlette for the endpoint
-            if len(body) > MAX_BODY_BYTES:
-                return problem(413, f"request bodies are limited to {MAX_BODY_BYTES} bytes")
+            if len(body) > limit:
+                return problem(413, f"request bodies are limited to {limit} bytes")
         return await call_next(request)

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from agent import __version__, console, runtime
-from agent.http import api_docs, helpdesk, metrics, openapi, problems, refunds, startup, webhooks
+from agent.http import answers, api_docs, helpdesk, metrics, openapi, problems, refunds, startup, webhooks
 from agent.http import approvals as approval_routes
 from agent.http.views import Readiness
 from agent.ops.processes import child_env, http_ok, spawn, stop, wait_for
@@ -149,6 +149,7 @@ def create_app(settings: Settings | None = None, *, worker: bool = True, freeze_
     api_docs.install(app)
     app.include_router(refunds.router)
     app.include_router(approval_routes.router)
+    app.include_router(answers.router)
     app.include_router(webhooks.router)
     app.include_router(helpdesk.router)
     app.include_router(console.router)

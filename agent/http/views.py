@@ -44,7 +44,16 @@ AmountRefunded = Annotated[
     ),
 ]
 Status = Literal[
-    "received", "deciding", "awaiting_approval", "paying", "settling", "completed", "rejected", "failed", "cancelled"
+    "received",
+    "deciding",
+    "awaiting_approval",
+    "awaiting_customer",
+    "paying",
+    "settling",
+    "completed",
+    "rejected",
+    "failed",
+    "cancelled",
 ]
 
 
@@ -123,6 +132,33 @@ class ApprovalView(View):
     reject_url: str | None = Field(default=None, description="only for a client that may decide this refund")
 
 
+class AnswerFileView(View):
+    """A file sent with the answer: described, never served."""
+
+    content_type: str
+    size: int = Field(description="bytes")
+    sha256: str = Field(description="of an uploaded file's bytes; empty for a help desk's attachment (referenced)")
+
+
+class QuestionView(View):
+    """What the refund asked its customer (policy asks where only the customer can close a gap) and what came of it."""
+
+    kind: Literal["delivery", "photo", "return_tracking"] = Field(
+        description="delivery: confirm a parcel shown delivered never came; photo: of the item; return_tracking: the "
+        "return's tracking number"
+    )
+    state: Literal["open", "answered", "expired"]
+    asked_at: Timestamp
+    remind_at: Timestamp
+    expires_at: Timestamp = Field(description="the deadline: unanswered by then, the refund is closed unpaid")
+    reminded_at: Timestamp | None
+    answered_at: Timestamp | None
+    answered_via: str | None = Field(description="link, or helpdesk:<comment id>")
+    files: list[AnswerFileView]
+    reminder: TimerView | None
+    deadline: TimerView | None
+
+
 class Cost(View):
     amount: Money
     currency: str
@@ -182,9 +218,10 @@ class SentMessage(View):
     """The message, as sent."""
     sent_at: Timestamp
     """When it was written to the outbox: with the refund's outcome, or when the refund was parked for a person."""
-    about: Literal["outcome", "waiting"]
+    about: Literal["outcome", "waiting", "question", "reminder"]
     """``outcome``: how the refund ended (paid, refused, rejected, expired); ``waiting``: that a person must confirm
-    it, and by when the customer hears from us again."""
+    it, and by when the customer hears from us again; ``question``: what the customer must send, where and by when;
+    ``reminder``: the one reminder of that question."""
     delivery: Literal["pending", "sending", "sent", "failed"]
     """Its email: ``pending`` (not sent yet: no SMTP server is configured, or it waits to be retried), ``sending``,
     ``sent`` or ``failed`` (attempts ran out, or the address was refused)."""
@@ -214,6 +251,8 @@ class RefundView(View):
     """The claim's category and the evidence the agent looked up (ticket comments never: customer data)."""
     usage: UsageView | None
     approval: ApprovalView | None
+    question: QuestionView | None
+    """The question the refund asked its customer, if it asked one."""
     payment: PaymentView
     outcome: Outcome | None
     executor_id: str | None

@@ -60,6 +60,36 @@ def verify(secret: str, timestamp: str, signature: str, body: bytes, *, toleranc
 
 
 @dataclass(frozen=True)
+class Attachment:
+    """A file on a comment, as Zendesk lists it: its name, type, size and where Zendesk keeps it."""
+
+    file_name: str
+    content_type: str
+    size: int
+    url: str
+
+
+def attachments_of(comment: dict[str, Any]) -> tuple[Attachment, ...]:
+    """The comment's attachments (Zendesk's ``attachments``: ``file_name``, ``content_type``, ``size``,
+    ``content_url``); malformed entries are skipped."""
+    found = comment.get("attachments")
+    kept: list[Attachment] = []
+    for item in found if isinstance(found, list) else []:
+        if not isinstance(item, dict):
+            continue
+        size, kind, url = item.get("size"), item.get("content_type"), item.get("content_url")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or not isinstance(kind, str):
+            continue
+        name = item.get("file_name")
+        kept.append(
+            Attachment(
+                str(name)[:200] if isinstance(name, str) else "", kind[:100], size, url if isinstance(url, str) else ""
+            )
+        )
+    return tuple(kept[:20])
+
+
+@dataclass(frozen=True)
 class TicketEvent:
     """One ticket event: which ticket, and what it carries (a new ticket's order and words, or a comment)."""
 
@@ -72,6 +102,8 @@ class TicketEvent:
     comment_public: bool = False
     by_staff: bool = True
     comment_at: datetime | None = None
+    attachments: tuple[Attachment, ...] = ()
+    """The comment's attachments as Zendesk describes them (never fetched: referenced by URL)."""
 
     @property
     def refund_id(self) -> str:
@@ -136,4 +168,5 @@ def read_event(payload: Any) -> TicketEvent | None:
         comment_public=comment.get("is_public") is True,
         by_staff=author.get("is_staff") is not False,  # only an author Zendesk says is not staff is the customer
         comment_at=_time(payload.get("time")),
+        attachments=attachments_of(comment),
     )

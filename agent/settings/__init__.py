@@ -27,6 +27,7 @@ from agent.settings.model import ModelPrice, ModelProviderSettings
 from agent.settings.part import ENV_FILE, MIN_SECRET_BYTES, Part
 from agent.settings.payments import PaymentSettings
 from agent.settings.policy import PolicySettings
+from agent.settings.questions import CustomerQuestionSettings
 from agent.settings.runtime import RuntimeSettings
 from agent.settings.server import ServerSettings
 from agent.settings.telemetry import TelemetrySettings
@@ -39,6 +40,7 @@ __all__ = [
     "AuditSettings",
     "ChannelSettings",
     "ConsoleSettings",
+    "CustomerQuestionSettings",
     "DatabaseSettings",
     "EmailSettings",
     "EvidenceSettings",
@@ -95,6 +97,7 @@ class Settings(BaseModel):
     policy: PolicySettings
     server: ServerSettings
     approvals: ApproverSettings
+    questions: CustomerQuestionSettings
     channels: ChannelSettings
     email: EmailSettings
     console: ConsoleSettings

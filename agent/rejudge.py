@@ -1,0 +1,78 @@
+"""The second judgement of a refund that asked its customer: the answer added to freshly read evidence, then policy.
+
+``customer_rejudge_workflow`` (id ``{refund_id}/rejudge``, enqueued once by the answer workflow) reads the question
+with its answer and the case it was asked on, reads the case file and the look-ups policy needs again (the same
+steps, in this workflow), and judges through the same policy, which never asks twice: it pays (the same payment path
+and key as a refund paid at once, so it pays once), parks the refund for a person, or refuses; each outcome tells the
+customer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from decimal import Decimal
+from typing import Any
+
+from dbos import DBOS
+
+from agent.brain import AgentDeps
+from agent.context import current
+from agent.domain import Phase, RefundProposal, RefundRequest
+from agent.ops.offloop import call
+from agent.questions import REJUDGE_WORKFLOW
+from agent.whole_case import case_claim, complete_case
+from agent.workflow import evidence_decided, finish, park, pay, policy_verdict, refuse
+from steps.evidence import Evidence
+from steps.faults import crash_point
+from steps.orders import review_case_step
+from steps.outside_refunds import outside_refunds_step
+from steps.questions import question_case_step
+from steps.reservations import record_verdict_and_reserve_step
+
+
+@DBOS.workflow(name=REJUDGE_WORKFLOW)
+async def customer_rejudge_workflow(refund_id: str) -> dict[str, Any]:
+    """The answered question -> evidence read again with the answer -> policy -> pay once, a person, or refuse."""
+    rt = current()
+    found = await call(question_case_step, refund_id)
+    crash_point("after_answer_received")
+    if found is None or found.question.answer is None:
+        return await finish(refund_id, Phase.FAILED, "no answer was recorded for this refund's question", reply=None)
+    req = RefundRequest.model_validate(found.case_file["request"])
+    proposal = RefundProposal.model_validate(found.case_file["proposal"])
+    asked = found.case_file.get("requested")
+    requested = Decimal(asked) if asked is not None else None
+    case = await call(review_case_step, req.order_id)
+    deps = AgentDeps(refund_id, req, rt.limits, snapshot=case.snapshot)
+    deps.evidence = Evidence(answer=found.question.answer)
+    claim = case_claim(proposal, deps, case, refund_id)
+    if case.snapshot is not None:
+        claim = await complete_case(deps, claim, proposal, case.snapshot, rt.limits, requested)
+    verdict = policy_verdict(proposal, case.snapshot, rt.limits, requested=requested, claim=claim)
+    if claim.charges and verdict.kind == "auto_approve":  # count the claimant's refunds made outside us first
+        claim = replace(claim, outside=await call(outside_refunds_step, dict(claim.charges)))
+        verdict = policy_verdict(proposal, case.snapshot, rt.limits, requested=requested, claim=claim)
+    crash_point("after_rejudged")
+    told = evidence_decided(proposal, verdict)  # approvers read policy's reasons (the answer's among them) first
+    record: dict[str, Any] = {
+        "proposal": told.model_dump(mode="json"),
+        "verdict": verdict.model_dump(mode="json"),
+        "model": rt.model_label,
+        "usage": None,
+        "evidence": claim.evidence.model_dump(mode="json"),
+    }
+    if verdict.kind == "auto_approve":
+        plan = await call(
+            record_verdict_and_reserve_step,
+            refund_id,
+            req.order_id,
+            **record,
+            amount=verdict.amount,
+            currency=verdict.currency,
+            open_claims_allowed=rt.limits.order_max_open_claims,
+        )
+        return await pay(rt, refund_id, verdict.amount, verdict.currency, plan, draft=None)
+    if verdict.kind == "refuse":
+        return await refuse(refund_id, verdict, record)
+    person = verdict.model_copy(update={"kind": "needs_approval"})  # a refund asks once: any gap left, a person
+    return await park(rt, refund_id, person, told, record)
