@@ -1,8 +1,9 @@
 """A refund's conversation with its customer, oldest first: their request, what they were told, what they wrote back.
 
 Read from the workflow's input (the request: the app database keeps only its hash), the outbox (every message to the
-customer, with how far its delivery got) and the help desk's comments on the refund's ticket. Approvers' messages are
-not part of it: they carry signed decision links.
+customer, with how far its delivery got), the help desk's comments on the refund's ticket and the refund's question
+to its customer with the answer and what it added as evidence. Approvers' messages are not part of it: they carry
+signed decision links.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from typing import Literal
 import sqlalchemy as sa
 from dbos import DBOSClient
 
+from steps.evidence import AnswerFile, CustomerAnswer
 from steps.helpdesk_inbox import conversation as ticket_comments
 from steps.helpdesk_inbox import ticket_refunds
+from steps.questions import Question, question_of
 from steps.store import helpdesk_tickets, outbox, refunds, utc
 
 Speaker = Literal["customer", "agent"]
@@ -39,6 +42,8 @@ class Conversation:
     refund_id: str
     ticket_id: str | None
     turns: list[Turn]
+    question: Question | None = None
+    """What the refund asked its customer, when, and by when they may answer (its state says how it ended)."""
 
 
 def request_messages(client: DBOSClient, refund_ids: list[str]) -> dict[str, str]:
@@ -85,9 +90,39 @@ def conversation(conn: sa.Connection, client: DBOSClient, refund_id: str) -> Con
         Turn(utc(m.created_at), "agent", way_out, _about(refund_id, m.message_key), m.body, delivery=m.delivery_state)
         for m in sent
     ]
-    turns += [
-        Turn(utc(c.created_at), "customer", "helpdesk", "comment", c.body, details=(f"comment {c.comment_id}",))
-        for c in ticket_comments(conn, refund_id)
-    ]
+    asked = question_of(conn, refund_id)
+    answer = asked.answer if asked is not None else None
+    answered_on_ticket = answer.via.removeprefix("helpdesk:") if answer and answer.via.startswith("helpdesk:") else None
+    for c in ticket_comments(conn, refund_id):
+        if c.comment_id == answered_on_ticket and answer is not None:
+            details = (f"comment {c.comment_id}", *added(answer))
+            turns.append(Turn(utc(c.created_at), "customer", "helpdesk", "answer", c.body, details=details))
+        else:
+            turns.append(
+                Turn(utc(c.created_at), "customer", "helpdesk", "comment", c.body, details=(f"comment {c.comment_id}",))
+            )
+    if answer is not None and answered_on_ticket is None:  # through the signed link
+        at = answer.answered_at or (asked.answered_at if asked else None) or utc(row.created_at)
+        turns.append(Turn(utc(at), "customer", answer.via or "link", "answer", answer.text, details=added(answer)))
     turns.sort(key=lambda t: t.at)  # stable: a request and its first reply keep their order within one instant
-    return Conversation(refund_id, ticket_id, turns)
+    return Conversation(refund_id, ticket_id, turns, asked)
+
+
+def _file(f: AnswerFile) -> str:
+    kind = "image" if f.image else "file, not an image"
+    where = f"kept, sha256 {f.sha256[:12]}" if f.stored else f"referenced at {f.url}" if f.url else "not kept"
+    name = f" {f.name!r}" if f.name else ""
+    return f"{kind}{name}: {f.content_type}, {f.size} bytes ({where})"
+
+
+def added(answer: CustomerAnswer) -> tuple[str, ...]:
+    """What the answer added to the evidence, one line each, as the second judgement read it."""
+    lines = []
+    if answer.received is not None:
+        lines.append("says the parcel arrived" if answer.received else "says the parcel still has not arrived")
+    if answer.tracking_number:
+        lines.append(f"return tracking number {answer.tracking_number}")
+    lines += [_file(f) for f in answer.files]
+    if not lines:
+        lines.append("no photo, number or choice: their words only")
+    return tuple(lines)

@@ -22,14 +22,17 @@ from agent.domain import Phase, RefundProposal, RefundRequest, Verdict
 from agent.ops.offloop import call
 from agent.questions import (
     ANSWER_WORKFLOW,
+    ENDED_DETAIL,
     EXPIRED_DETAIL,
     EXPIRY_WORKFLOW,
+    LEAD_WORKFLOW,
     QUESTION_TIMERS,
     REJUDGE_WORKFLOW,
     REMINDER_WORKFLOW,
     answer_id,
     answer_link,
     expiry_id,
+    lead_id,
     rejudge_id,
     reminder_id,
 )
@@ -37,9 +40,11 @@ from steps.evidence import CustomerAnswer, QuestionKind
 from steps.faults import crash_point
 from steps.questions import (
     AnswerOutcome,
+    LeadMove,
     Question,
     ask_customer_step,
     expire_question_step,
+    lead_step,
     open_question_step,
     record_answer_step,
     remind_question_step,
@@ -109,12 +114,7 @@ def customer_answer_workflow(refund_id: str, answer: dict[str, Any], key: str) -
     outcome = record_answer_step(refund_id, CustomerAnswer.model_validate(answer), key=key)
     crash_point("after_answer_recorded")
     if outcome.result == "recorded":
-        options: EnqueueOptions = {
-            "queue_name": APPROVAL_QUEUE,
-            "workflow_name": REJUDGE_WORKFLOW,
-            "workflow_id": rejudge_id(refund_id),
-        }
-        DBOS.enqueue_workflow_with_options(options, refund_id)
+        _rejudge(refund_id)
         finish_timers_step(refund_id, QUESTION_TIMERS)  # answered: the reminder and the deadline end now
     return outcome.model_dump(mode="json")
 
@@ -136,6 +136,42 @@ def customer_question_expiry_workflow(refund_id: str, question: QuestionKind) ->
         return None
     finish_timers_step(refund_id, [REMINDER_WORKFLOW])  # a reminder still waiting ends with the refund
     return {"refund_id": refund_id, "status": Phase.REJECTED.value, "detail": EXPIRED_DETAIL}
+
+
+def _rejudge(refund_id: str) -> None:
+    options: EnqueueOptions = {
+        "queue_name": APPROVAL_QUEUE,
+        "workflow_name": REJUDGE_WORKFLOW,
+        "workflow_id": rejudge_id(refund_id),
+    }
+    DBOS.enqueue_workflow_with_options(options, refund_id)
+
+
+@DBOS.workflow(name=LEAD_WORKFLOW)
+def customer_wait_lead_workflow(
+    refund_id: str, move: LeadMove, operator: str, question: QuestionKind
+) -> dict[str, Any]:
+    """A support lead's move on a customer's wait (once per refund): ``ended`` closes it unpaid with the customer
+    told; ``to_person`` has the refund judged again for a person to decide. Either ends the reminder and deadline."""
+    reply = replies.wait_ended(question)
+    state = lead_step(
+        refund_id, move=move, operator=operator, detail=ENDED_DETAIL.format(operator=operator), reply=reply
+    )
+    if state != move:  # the customer answered, the deadline passed, or the wait was not open
+        return {"refund_id": refund_id, "move": move, "done": False, "state": state}
+    if move == "to_person":
+        _rejudge(refund_id)
+    finish_timers_step(refund_id, QUESTION_TIMERS)
+    return {"refund_id": refund_id, "move": move, "done": True, "state": state, "operator": operator}
+
+
+def lead_here(refund_id: str, move: LeadMove, operator: str, question: QuestionKind) -> dict[str, Any]:
+    """Run a lead's move on the wait in this process (DBOS launched here); a second move, by anyone, meets the
+    first's run under the refund's id and gets its result."""
+    with SetWorkflowID(lead_id(refund_id)):
+        handle = DBOS.start_workflow(customer_wait_lead_workflow, refund_id, move, operator, question)
+    result: dict[str, Any] = handle.get_result()
+    return result
 
 
 def answer_here(refund_id: str, answer: CustomerAnswer, *, key: str) -> AnswerOutcome:

@@ -18,10 +18,14 @@ ANSWER_WORKFLOW = "customer_answer_workflow"
 REJUDGE_WORKFLOW = "customer_rejudge_workflow"
 REMINDER_WORKFLOW = "customer_question_reminder_workflow"
 EXPIRY_WORKFLOW = "customer_question_expiry_workflow"
+LEAD_WORKFLOW = "customer_wait_lead_workflow"
 QUESTION_TIMERS = [EXPIRY_WORKFLOW, REMINDER_WORKFLOW]
 #: Durable: the patch recorded by refunds that asked their customer (refunds decided before it replay as recorded).
 ASK_CUSTOMER_PATCH = "ask-customer"
 EXPIRED_DETAIL = "question expired: the customer did not answer before the deadline"
+#: Why a refund a support lead took out of its customer's wait reads as it does.
+ENDED_DETAIL = "the wait for the customer's answer was ended by {operator}"
+TO_PERSON_REASON = "{operator} sent it to a person before the customer answered"
 #: The largest file an answer link takes, and the image types it keeps (read from the bytes, not the name).
 MAX_FILE_BYTES = 5 * 1024 * 1024
 
@@ -44,9 +48,20 @@ def expiry_id(refund_id: str) -> str:
     return f"{refund_id}/answer-deadline"
 
 
+def lead_id(refund_id: str) -> str:
+    """A support lead's move on the wait: one per refund, so a second move meets the first's result."""
+    return f"{refund_id}/answer-lead"
+
+
 def ids(refund_id: str) -> list[str]:
     """Every workflow id a refund's question can have."""
-    return [answer_id(refund_id), rejudge_id(refund_id), reminder_id(refund_id), expiry_id(refund_id)]
+    return [
+        answer_id(refund_id),
+        rejudge_id(refund_id),
+        reminder_id(refund_id),
+        expiry_id(refund_id),
+        lead_id(refund_id),
+    ]
 
 
 def answer_link(public_url: str, secret: bytes, refund_id: str, question: str, expires_at: datetime) -> str:

@@ -19,14 +19,14 @@ from agent.brain import AgentDeps
 from agent.context import current
 from agent.domain import Phase, RefundProposal, RefundRequest
 from agent.ops.offloop import call
-from agent.questions import REJUDGE_WORKFLOW
+from agent.questions import REJUDGE_WORKFLOW, TO_PERSON_REASON
 from agent.whole_case import case_claim, complete_case
 from agent.workflow import evidence_decided, finish, park, pay, policy_verdict, refuse
 from steps.evidence import Evidence
 from steps.faults import crash_point
 from steps.orders import review_case_step
 from steps.outside_refunds import outside_refunds_step
-from steps.questions import question_case_step
+from steps.questions import lead_of_step, question_case_step
 from steps.reservations import record_verdict_and_reserve_step
 
 
@@ -36,7 +36,8 @@ async def customer_rejudge_workflow(refund_id: str) -> dict[str, Any]:
     rt = current()
     found = await call(question_case_step, refund_id)
     crash_point("after_answer_received")
-    if found is None or found.question.answer is None:
+    to_person = found is not None and found.question.state == "to_person"
+    if found is None or (found.question.answer is None and not to_person):
         return await finish(refund_id, Phase.FAILED, "no answer was recorded for this refund's question", reply=None)
     req = RefundRequest.model_validate(found.case_file["request"])
     proposal = RefundProposal.model_validate(found.case_file["proposal"])
@@ -52,6 +53,16 @@ async def customer_rejudge_workflow(refund_id: str) -> dict[str, Any]:
     if claim.charges and verdict.kind == "auto_approve":  # count the claimant's refunds made outside us first
         claim = replace(claim, outside=await call(outside_refunds_step, dict(claim.charges)))
         verdict = policy_verdict(proposal, case.snapshot, rt.limits, requested=requested, claim=claim)
+    if to_person:  # a support lead sent it to a person: the order's facts alone may still refuse
+        facts = policy_verdict(proposal, case.snapshot, rt.limits, requested=requested)
+        lead = TO_PERSON_REASON.format(operator=f"support lead {await call(lead_of_step, refund_id)}")
+        verdict = (
+            facts
+            if facts.kind == "refuse"
+            else verdict.model_copy(
+                update={"kind": "needs_approval", "question": None, "reasons": (lead, *verdict.reasons)}
+            )
+        )
     crash_point("after_rejudged")
     told = evidence_decided(proposal, verdict)  # approvers read policy's reasons (the answer's among them) first
     record: dict[str, Any] = {

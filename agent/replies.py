@@ -164,6 +164,19 @@ def unanswered(question: QuestionKind) -> str:
     )
 
 
+def wait_ended(question: QuestionKind) -> str:
+    """A support lead closed the request before the customer answered its question."""
+    what = {
+        "delivery": "whether your parcel arrived",
+        "photo": "a photo of the item",
+        "return_tracking": "the tracking number of your return",
+    }[question]
+    return (
+        f"We asked you for {what}; our support team has now closed this refund request without a refund, so there "
+        "is no need to answer. You are welcome to send a new request, or to reply to your support ticket."
+    )
+
+
 def rejected_by_person(amount: Decimal, currency: str) -> str:
     """A person decided against the refund."""
     return f"We are sorry: we have decided not to refund {format_money(amount, currency)} on this order. {ANOTHER_LOOK}"

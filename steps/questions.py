@@ -30,7 +30,9 @@ from steps.store import (
     utc,
 )
 
-QuestionState = Literal["open", "answered", "expired"]
+#: ``ended`` and ``to_person``: a support lead ended the wait (closed unpaid) or sent the refund to a person.
+QuestionState = Literal["open", "answered", "expired", "ended", "to_person"]
+LeadMove = Literal["ended", "to_person"]
 #: What became of an answer: ``recorded`` (this one is the answer), ``duplicate`` (this same delivery was recorded
 #: before), ``answered`` (another answer was), ``expired`` (the deadline passed), ``not_asked`` (no open question).
 AnswerResult = Literal["recorded", "duplicate", "answered", "expired", "not_asked"]
@@ -192,6 +194,28 @@ def expire_question_step(refund_id: str, *, detail: str, reply: str) -> Question
     return asked.state if asked is not None else None
 
 
+@transaction("questions.lead")
+def lead_step(refund_id: str, *, move: LeadMove, operator: str, detail: str, reply: str) -> QuestionState | None:
+    """A support lead ends the customer's wait: ``ended`` closes the refund rejected (the customer told why, in this
+    transaction), ``to_person`` sends it to be judged for a person. Only an open question moves, so a lead racing
+    the customer's answer or the deadline ends it exactly one way. Returns the state that stands."""
+    now = datetime.now(UTC)
+    c = customer_questions.c
+    done = session().execute(
+        customer_questions.update().where(c.refund_id == refund_id, c.state == "open").values(state=move)
+    )
+    if done.rowcount == 1:  # type: ignore[attr-defined]
+        event = "customer_wait_ended" if move == "ended" else "customer_wait_to_person"
+        audit.append(session(), refund_id=refund_id, event=event, payload={"operator": operator}, now=now)
+        if move == "ended":
+            record_outcome(refund_id, now, status="rejected", detail=detail, reply=reply)
+        else:
+            touch(refund_id, now, status="deciding")
+        return move
+    asked = question_of(session(), refund_id)
+    return asked.state if asked is not None else None
+
+
 @transaction("questions.remind")
 def remind_question_step(refund_id: str, *, text: str) -> bool:
     """Remind the customer once, unless they answered or the question expired meanwhile; True when queued."""
@@ -219,6 +243,13 @@ def question_case_step(conn: sa.Connection, refund_id: str) -> QuestionCase | No
         sa.select(customer_questions.c.case_file).where(customer_questions.c.refund_id == refund_id)
     ).scalar_one()
     return QuestionCase(question=asked, case_file=dict(case_file))
+
+
+@read_step("questions.read_lead")
+def lead_of_step(conn: sa.Connection, refund_id: str) -> str | None:
+    """The support lead who sent the refund to a person before its customer answered, from the audit log."""
+    moved = [e for e in audit.entries(conn, refund_id) if e.event == "customer_wait_to_person"]
+    return str(moved[-1].payload.get("operator")) if moved else None
 
 
 def store_file(engine: sa.Engine, refund_id: str, *, name: str, content_type: str, content: bytes) -> AnswerFile:

@@ -96,6 +96,11 @@ PAYMENT_PHASES = ("paying", "settling")
 def _refusal(wf: Any, refund_id: str, action: Action) -> str | None:
     phase, paid, provider_status = _standing(refund_id)
     running = wf.status in ("ENQUEUED", "PENDING", "DELAYED")
+    if phase == "asking":
+        return (
+            "this refund is waiting for its customer's answer, and nothing of it runs until the answer or its "
+            "deadline: end the wait, or send it to a person"
+        )
     if action == "cancel":
         if phase == "parked":
             return (

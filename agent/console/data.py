@@ -236,13 +236,46 @@ def refund_detail(
 
 
 #: How the console names what a message to the customer was about.
-ABOUT = {"outcome": "the outcome", "waiting": "waiting for a person", "request": "their request", "comment": "a reply"}
+ABOUT = {
+    "outcome": "the outcome",
+    "waiting": "waiting for a person",
+    "request": "their request",
+    "comment": "a reply",
+    "question": "the question",
+    "reminder": "a reminder of the question",
+    "answer": "their answer",
+}
+
+
+#: What a refund asks its customer for, as the console names it.
+ASKED_FOR = {
+    "delivery": "to confirm the parcel shown delivered never came",
+    "photo": "a photo of the item",
+    "return_tracking": "the return's tracking number",
+}
+
+
+def _moment(at: datetime | None) -> str | None:
+    return at.strftime("%Y-%m-%d %H:%M:%S") if at else None
 
 
 def _conversation(talk: Conversation | None) -> dict[str, Any]:
     turns = talk.turns if talk else []
+    q = talk.question if talk else None
     return {
         "ticket_id": talk.ticket_id if talk else None,
+        "question": q
+        and {
+            "kind": q.question,
+            "asked_for": ASKED_FOR.get(q.question, q.question),
+            "state": q.state.replace("_", " "),
+            "open": q.state == "open",
+            "asked_at": _moment(q.asked_at),
+            "remind_at": _moment(q.remind_at),
+            "reminded_at": _moment(q.reminded_at),
+            "deadline": _moment(q.expires_at),
+            "answered_at": _moment(q.answered_at),
+        },
         "turns": [
             {
                 "at": t.at.strftime("%Y-%m-%d %H:%M:%S"),

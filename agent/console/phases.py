@@ -24,6 +24,11 @@ PHASES: dict[str, Phase] = {
     for p in (
         Phase("deciding", "Deciding", "The agent is reading the request and policy is checking it."),
         Phase("parked", "Waiting for a person", "Parked until an approver decides or the approval window closes."),
+        Phase(
+            "asking",
+            "Waiting for the customer",
+            "Asked the customer for what only they can give; judged again with their answer, closed at the deadline.",
+        ),
         Phase("paying", "Paying", "Approved; the payment provider is being asked to refund."),
         Phase("settling", "Settling", "The provider accepted the refund and has not confirmed it yet."),
         Phase("paid", "Paid", "The customer was refunded."),
@@ -47,6 +52,8 @@ def phase_of(row_status: str | None, decision: str | None) -> Phase:
         key = "expired" if decision == "expired" else "refused"
     elif status in ("received", "deciding"):
         key = "deciding"
+    elif status == "awaiting_customer":
+        key = "asking"
     else:
         key = {"completed": "paid"}.get(status, status)
     return PHASES.get(key, Phase(key, key.replace("_", " ").capitalize(), ""))
@@ -60,6 +67,8 @@ def where_phase(
     match key:
         case "deciding":
             return status.in_(("received", "deciding"))
+        case "asking":
+            return status == "awaiting_customer"
         case "parked":
             return sa.and_(waiting, decision.is_(None))
         case "paying":

@@ -15,7 +15,10 @@ from agent.console import actions, data, pages
 from agent.console.pages import SessionDep, StateDep
 from agent.console.phases import PHASES
 from agent.identity import Principal
+from agent.question_workflows import lead_here
 from agent.services import Services, ServicesDep
+from steps.questions import LeadMove, question_of
+from steps.store import app_db
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/console", include_in_schema=False)
@@ -26,6 +29,16 @@ DONE = {
     "cancel": "Stopped. Nothing more happens to this refund until someone resumes it.",
     "resume": "Resumed where it stopped.",
     "fork": "Retrying the payment: a new run of this refund was queued with the same payment key.",
+    "wait-ended": "The wait was ended: the refund is closed unpaid and the customer is told.",
+    "to-person": "Sent to a person: the refund is judged again and waits for an approver.",
+}
+#: A support lead's moves on a refund waiting for its customer: the form's ``move`` -> the question's new state.
+WAIT_MOVES: dict[str, LeadMove] = {"end": "ended", "person": "to_person"}
+STANDING = {
+    "answered": "answered by the customer",
+    "expired": "left unanswered past its deadline",
+    "ended": "ended by a support lead",
+    "to_person": "sent to a person by a support lead",
 }
 
 
@@ -157,6 +170,41 @@ def decide(
         return pages.message(request, state, session, "Already decided", text, 409)
     log.info("console: refund %s %s by %s", refund_id, decision, session.operator)
     return RedirectResponse(f"/console/refunds/{quote(refund_id, safe='')}?done={decision}", status_code=303)
+
+
+@router.post("/refunds/{refund_id}/wait")
+def end_wait(
+    refund_id: str,
+    request: Request,
+    state: StateDep,
+    session: SessionDep,
+    move: Annotated[str, Form(max_length=16)] = "",
+    csrf: Annotated[str | None, Form()] = None,
+) -> Response:
+    """A support lead (the approver role) ends a refund's wait for its customer: ``end`` closes it unpaid with the
+    customer told, ``person`` sends it to an approver. Once per refund, and only while the question is open: an
+    answer or the deadline that came first stands."""
+    if refused := pages.guard(request, state, session, csrf, "approver"):
+        return refused
+    assert session is not None and session.operator is not None
+    if move not in WAIT_MOVES:
+        return pages.message(request, state, session, "Not done", "Choose to end the wait or send it to a person.", 400)
+    with app_db().engine.connect() as conn:
+        asked = question_of(conn, refund_id)
+    if asked is None:
+        return pages.message(
+            request, state, session, "Not found", f"Refund {refund_id} asked its customer nothing.", 404
+        )
+    operator = str(Principal("operator", session.operator))  # the signed-in operator, never a typed name
+    result = lead_here(refund_id, WAIT_MOVES[move], operator, asked.question) if asked.state == "open" else None
+    if result is None or not result["done"]:
+        standing = result["state"] if result else asked.state
+        said = STANDING.get(str(standing), str(standing))
+        text = f"Refund {refund_id} is not waiting for its customer any more: its question was {said}."
+        return pages.message(request, state, session, "Not done", text, 409)
+    log.info("console: refund %s wait %s by %s", refund_id, WAIT_MOVES[move], session.operator)
+    done = "wait-ended" if move == "end" else "to-person"
+    return RedirectResponse(f"/console/refunds/{quote(refund_id, safe='')}?done={done}", status_code=303)
 
 
 def _admin_context(svc: Services, refund_id: str, action: str) -> dict[str, Any] | None:

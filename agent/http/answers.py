@@ -36,6 +36,8 @@ from steps.store import app_db
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["answers"])
+#: An answer after a support lead ended the wait (closed unpaid, or sent the refund to a person).
+CLOSED = "our support team has taken this request out of waiting for your answer; this answer is not taken"
 
 
 def take_answer(refund_id: str, answer: CustomerAnswer, *, key: str) -> tuple[int, str, AnswerOutcome | None]:
@@ -45,12 +47,20 @@ def take_answer(refund_id: str, answer: CustomerAnswer, *, key: str) -> tuple[in
         asked = question_of(conn, refund_id)
     if asked is None:
         return 409, f"refund {refund_id} has not asked a question", None
+    if asked.state in ("ended", "to_person"):
+        return 409, CLOSED, None
     if asked.state == "expired" or (asked.state == "open" and datetime.now(UTC) >= asked.expires_at):
         return 410, "the time to answer has passed: this refund request was closed without an answer", None
     outcome = answer_here(refund_id, answer.model_copy(update={"question": asked.question}), key=key)
     if outcome.result in ("recorded", "duplicate") and outcome.key == key:
         log.info("refund %s: the customer's answer (%s) recorded", refund_id, answer.via)
         return 202, "Thank you: your answer was recorded, and we are looking at your refund again.", outcome
+    if (
+        outcome.result == "expired"
+        and outcome.question is not None
+        and outcome.question.state in ("ended", "to_person")
+    ):
+        return 409, CLOSED, outcome  # a support lead ended the wait first
     if outcome.result == "expired":
         return 410, "the time to answer has passed: this refund request was closed without an answer", outcome
     if outcome.result == "not_asked":

@@ -140,6 +140,16 @@ class AnswerFileView(View):
     sha256: str = Field(description="of an uploaded file's bytes; empty for a help desk's attachment (referenced)")
 
 
+QuestionStateField = Annotated[
+    Literal["open", "answered", "expired", "ended", "to_person"],
+    Field(
+        description="open: waiting for the customer; answered: judged again with the answer; expired: unanswered by "
+        "the deadline, closed unpaid; ended: a support lead ended the wait, closed unpaid; to_person: a support lead "
+        "sent it to a person before the customer answered"
+    ),
+]
+
+
 class QuestionView(View):
     """What the refund asked its customer (policy asks where only the customer can close a gap) and what came of it."""
 
@@ -147,7 +157,7 @@ class QuestionView(View):
         description="delivery: confirm a parcel shown delivered never came; photo: of the item; return_tracking: the "
         "return's tracking number"
     )
-    state: Literal["open", "answered", "expired"]
+    state: QuestionStateField
     asked_at: Timestamp
     remind_at: Timestamp
     expires_at: Timestamp = Field(description="the deadline: unanswered by then, the refund is closed unpaid")
@@ -280,11 +290,13 @@ class TurnView(View):
     at: Timestamp
     speaker: Literal["customer", "agent"] = Field(description="who wrote it: the customer, or the refund agent")
     channel: str = Field(
-        description="how it travelled: `api` (the request a client submitted), `helpdesk` (the ticket), `email`"
+        description="how it travelled: `api` (the request a client submitted), `helpdesk` (the ticket), `email`, "
+        "`link` (the customer's signed answer link)"
     )
     about: str = Field(
-        description="what it is: `request`, `comment` (the customer's reply on the ticket), or for a message to the "
-        "customer `outcome`, `waiting`, or what else it was sent about"
+        description="what it is: `request`; `comment` (the customer's reply on the ticket); `answer` (their answer to "
+        "the refund's question, on the ticket or through its link, with what it added in `details`); or for a "
+        "message to the customer `question`, `reminder`, `waiting` or `outcome`"
     )
     text: str
     delivery: Literal["pending", "sending", "sent", "failed"] | None = Field(
@@ -293,18 +305,39 @@ class TurnView(View):
     details: list[str] = Field(description="what the message carried besides its text, e.g. the help desk's comment id")
 
 
+class AskedView(View):
+    """What the refund asked its customer and the wait for their answer."""
+
+    kind: Literal["delivery", "photo", "return_tracking"]
+    state: QuestionStateField
+    asked_at: Timestamp
+    remind_at: Timestamp = Field(description="when the customer is reminded, unless they answered before")
+    reminded_at: Timestamp | None
+    deadline: Timestamp = Field(description="unanswered by then, the refund is closed unpaid and the customer told")
+    answered_at: Timestamp | None
+
+
 class ConversationView(View):
     """A refund's conversation with its customer, oldest first. Messages to approvers are not part of it."""
 
     refund_id: str
     ticket_id: str | None = Field(description="the help-desk ticket the refund came from; null for one from the API")
+    question: AskedView | None = Field(description="what the refund asked its customer; null when it asked nothing")
     turns: list[TurnView]
 
     @classmethod
     def of(cls, found: Conversation) -> ConversationView:
+        q = found.question
+        asked = None
+        if q is not None:
+            asked = AskedView(
+                kind=q.question, state=q.state, asked_at=q.asked_at, remind_at=q.remind_at, reminded_at=q.reminded_at,
+                deadline=q.expires_at, answered_at=q.answered_at,
+            )  # fmt: skip
         return cls(
             refund_id=found.refund_id,
             ticket_id=found.ticket_id,
+            question=asked,
             turns=[TurnView.model_validate({**asdict(t), "details": list(t.details)}) for t in found.turns],
         )
 
