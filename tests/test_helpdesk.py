@@ -300,8 +300,8 @@ def test_a_ticket_answers_the_customer_on_the_ticket_from_start_to_end(
 def test_a_tickets_conversation_reads_its_request_replies_and_comments_in_order_to_whoever_may_see_it(
     desk: LiveService,
 ) -> None:
-    words = "My <b>mouse</b> broke."
-    assert deliver(desk, ticket_created(513, order="ord_1010", description=words)).json()["outcome"] == "refund_started"
+    words = "The <b>mouse</b> stopped working."
+    assert deliver(desk, ticket_created(513, order="ord_1001", description=words)).json()["outcome"] == "refund_started"
     refund_id = "zendesk-ticket-513"
 
     def told() -> str | None:
