@@ -19,7 +19,8 @@ from markupsafe import escape
 from agent import replies
 from agent.ops.processes import wait_for
 from agent.questions import ENDED_DETAIL, expiry_id, reminder_id
-from steps import audit
+from steps import audit, clients
+from steps.records import AuditEntry
 from steps.store import app_db
 from tests.conftest import Env
 from tests.console_server import API_TOKEN, ConsoleServer, console_server, csrf_of, form
@@ -79,7 +80,7 @@ def waiting(server: ConsoleServer, refund_id: str) -> str:
     return link_in(wait_for(lambda: message(refund_id, "question"), timeout=30, what="the question sent"))
 
 
-def events(refund_id: str) -> list[audit.AuditEntry]:
+def events(refund_id: str) -> list[AuditEntry]:
     with app_db().engine.connect() as conn:
         return audit.entries(conn, refund_id)
 
@@ -103,7 +104,15 @@ def test_a_lead_sends_a_waiting_refund_to_a_person_who_reads_why_and_a_later_ans
         assert moved.status_code == 303, moved.text
         again = form(bob, f"/console/refunds/{refund_id}/wait", move="end", csrf=token)
         assert again.status_code == 409 and "sent to a person by a support lead" in again.text
-    parked = reaches(server, refund_id, "awaiting_approval")
+    timers = (reminder_id(refund_id), expiry_id(refund_id))
+
+    def settled() -> dict[str, Any] | None:  # parked, the customer told, nothing left to fall due
+        found = reaches(server, refund_id, "awaiting_approval")
+        runs = {w["workflow_id"]: w["status"] for w in found["workflows"]}
+        told = (found["customer_message"] or {}).get("about") == "waiting"
+        return found if told and all(runs.get(t) != "DELAYED" for t in timers) else None
+
+    parked = wait_for(settled, timeout=60, what="the refund parked with its timers ended")
     with httpx.Client(base_url=server.base_url, timeout=30) as http:
         late = http.post(path, data={"received": "no"})
     assert late.status_code == 409 and "support team" in late.text
@@ -115,8 +124,6 @@ def test_a_lead_sends_a_waiting_refund_to_a_person_who_reads_why_and_a_later_ans
     assert [e.payload["operator"] for e in events(refund_id) if e.event == "customer_wait_to_person"] == [
         "operator:bob"
     ]
-    for timer in (reminder_id(refund_id), expiry_id(refund_id)):  # nothing is left to fall due
-        assert {w["workflow_id"]: w["status"] for w in parked["workflows"]}[timer] != "DELAYED"
     assert conversation(server, refund_id)["question"]["state"] == "to_person"
     assert env.sandbox.refunds("ch_ord_1001") == []
 
@@ -172,3 +179,34 @@ def test_the_conversation_shows_the_question_the_answer_and_what_it_added_escape
     shown = page[page.index('id="conversation"') : page.index('id="deliveries"')]
     assert str(escape(words)) in shown and "<img src=x" not in page
     assert "their answer" in shown and "a photo of the item" in shown and "answered at" in shown
+
+
+def test_an_approvals_client_moves_a_wait_over_the_api_and_the_requester_may_not(
+    env: Env, console: tuple[ConsoleServer, DBOSClient]
+) -> None:
+    server, _ = console
+    key = "lead-api-approver-key-0123456789abcdef"
+    clients.add_client(app_db().engine, name="lead-desk", scopes=["approvals:decide"], key=key)
+    lead = {"Authorization": f"Bearer {key}"}
+    refund_id = submit(server, "lead-api-0001", "ord_1001", "My parcel never arrived.")
+    waiting(server, refund_id)
+    path = f"/refunds/{refund_id}/question"
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        own = http.post(path, json={"move": "end"}, headers=AUTH)  # the requester's key: never its own judge
+        odd = http.post(path, json={"move": "pay"}, headers=lead)
+        extra = http.post(path, json={"move": "end", "operator": "operator:ada"}, headers=lead)
+        unknown = http.post("/refunds/no-such-refund/question", json={"move": "end"}, headers=lead)
+        assert (own.status_code, odd.status_code, extra.status_code, unknown.status_code) == (403, 422, 422, 404)
+        assert status(server, refund_id)["question"]["state"] == "open"
+        moved = http.post(path, json={"move": "person"}, headers=lead)
+        again = http.post(path, json={"move": "end"}, headers=lead)
+    assert moved.status_code == 200, moved.text
+    assert moved.json() == {
+        "refund_id": refund_id,
+        "move": "person",
+        "question_state": "to_person",
+        "by": "client:lead-desk",
+    }
+    assert again.status_code == 409 and again.json()["state"] == "to_person"
+    parked = reaches(server, refund_id, "awaiting_approval")
+    assert "support lead client:lead-desk sent it to a person" in parked["approval"]["request"]["reason"]

@@ -31,12 +31,14 @@ from agent.decision_checks import decider_refusal
 from agent.http.clients import principal_of, requiring
 from agent.http.openapi import GUARDED, errors
 from agent.http.problems import Problem
-from agent.http.views import DecisionView
+from agent.http.views import DecisionView, WaitMoveView
 from agent.identity import Principal, approver_names
+from agent.question_workflows import lead_here
 from agent.services import Services, ServicesDep
 from steps import clients
 from steps.approval_book import recorded_decision
 from steps.notify import slack_message
+from steps.questions import LeadMove, question_of
 from steps.records import ApiClient, ApprovalRecord, format_money
 from steps.store import app_db, slack_deliveries
 
@@ -160,6 +162,57 @@ def post_decision(
     one is 409; an amount above the awaited one, zero, or with more decimals than the currency has is 422."""
     amount = Decimal(body.amount) if body.amount is not None else None
     return decide(svc, refund_id, body.decision, approver, "api", amount, body.currency.upper())
+
+
+class WaitMoveIn(BaseModel):
+    """A support lead's move on a refund waiting for its customer. Who moves it is the API key's client."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    move: Literal["end", "person"] = Field(
+        description="`end`: close the refund unpaid, the customer told; `person`: judge it again for an approver"
+    )
+
+
+#: The API's moves -> the question's state each leaves.
+WAIT_MOVES: dict[str, LeadMove] = {"end": "ended", "person": "to_person"}
+
+
+@router.post(
+    "/refunds/{refund_id}/question",
+    response_model=WaitMoveView,
+    responses=errors(
+        *GUARDED,
+        404,
+        409,
+        413,
+        415,
+        422,
+        e403="the client lacks `approvals:decide`, requested the refund (or acts for the person who did), or acts "
+        "for an operator who may not decide",
+        e404="no refund with that id, or one that asked its customer nothing",
+        e409="the refund is not waiting for its customer: it was answered, expired, or moved before (the problem's "
+        "`state` says which)",
+        e422="a move other than `end` or `person`; an unknown field",
+    ),
+)
+def move_wait(refund_id: str, lead: Annotated[Principal, Depends(refund_decider)], body: WaitMoveIn) -> dict[str, Any]:
+    """End a refund's wait for its customer (``end``: closed unpaid, the customer told) or send it to a person
+    (``person``), as the calling client (scope ``approvals:decide``; never the refund's requester). One move per
+    refund, and only while its question is open: the customer's answer or the deadline, when first, stands."""
+    with app_db().engine.connect() as conn:
+        asked = question_of(conn, refund_id)
+    if asked is None:
+        raise Problem(404, f"refund {refund_id} asked its customer nothing")
+    moved = WAIT_MOVES[body.move]
+    result = lead_here(refund_id, moved, str(lead), asked.question) if asked.state == "open" else None
+    if result is None or not result["done"]:
+        standing = result["state"] if result else asked.state
+        raise Problem(
+            409, f"refund {refund_id} is not waiting for its customer: its question is {standing}", state=standing
+        )
+    log.info("refund %s: wait %s by %s via api", refund_id, moved, lead)
+    return {"refund_id": refund_id, "move": body.move, "question_state": moved, "by": str(lead)}
 
 
 def _page(title: str, body: str, status: int = 200) -> HTMLResponse:

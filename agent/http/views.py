@@ -342,6 +342,15 @@ class ConversationView(View):
         )
 
 
+class WaitMoveView(View):
+    """A support lead's move on a refund's wait for its customer, as recorded."""
+
+    refund_id: str
+    move: Literal["end", "person"]
+    question_state: Literal["ended", "to_person"]
+    by: str = Field(description="the client that moved it (its principal)")
+
+
 class Readiness(View):
     ok: bool
     checks: dict[str, bool] = Field(description="app_database, system_database, dbos_launched")
