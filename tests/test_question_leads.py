@@ -8,6 +8,7 @@ carrier, returns and help-desk sandbox, on both databases.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -210,3 +211,7 @@ def test_an_approvals_client_moves_a_wait_over_the_api_and_the_requester_may_not
     assert again.status_code == 409 and again.json()["state"] == "to_person"
     parked = reaches(server, refund_id, "awaiting_approval")
     assert "support lead client:lead-desk sent it to a person" in parked["approval"]["request"]["reason"]
+    scraped = httpx.get(f"{server.base_url}/metrics").text
+    moved_away = re.search(r'^refund_agent_customer_questions\{state="to_person"\} (\d+)', scraped, re.M)
+    assert moved_away is not None and int(moved_away.group(1)) >= 1, scraped
+    assert re.search(r"^refund_agent_customer_questions_overdue \d+", scraped, re.M)

@@ -82,7 +82,7 @@ class ClusterCollector(Collector):
         self.prices = dict(prices or {})
 
     def collect(self) -> Iterator[Metric]:
-        from steps.store import approval_decisions, approval_requests, provider_events, refunds
+        from steps.store import approval_decisions, approval_requests, customer_questions, provider_events, refunds
 
         now = datetime.now(UTC)
         undecided = approval_requests.outerjoin(
@@ -119,6 +119,13 @@ class ClusterCollector(Collector):
                 )
             ).all()
             deliveries = mail.delivery_counts(conn)
+            q = customer_questions.c
+            questions = {
+                str(state): int(n) for state, n in conn.execute(sa.select(q.state, sa.func.count()).group_by(q.state))
+            }
+            questions_overdue = conn.execute(
+                sa.select(sa.func.count()).select_from(customer_questions).where(q.state == "open", q.expires_at < now)
+            ).scalar_one()
         outcomes = CounterMetricFamily(
             "refund_agent_refunds", "Refunds that reached an outcome, by outcome.", labels=["outcome"]
         )
@@ -146,6 +153,20 @@ class ClusterCollector(Collector):
             "refund_agent_approval_deadlines_overdue",
             "Undecided approval requests past their deadline that no deadline workflow has closed yet.",
             value=overdue,
+        )
+        asked = GaugeMetricFamily(
+            "refund_agent_customer_questions",
+            "Questions refunds asked their customers, by state: open (waiting for the customer), answered, expired, "
+            "ended or to_person (a support lead ended the wait or sent it to a person).",
+            labels=["state"],
+        )
+        for state in ("open", "answered", "expired", "ended", "to_person"):
+            asked.add_metric([state], questions.get(state, 0))
+        yield asked
+        yield GaugeMetricFamily(
+            "refund_agent_customer_questions_overdue",
+            "Open questions past their deadline that no deadline workflow has closed yet.",
+            value=questions_overdue,
         )
         yield self._approval_waits(waits)
         yield from self._model_usage(usage)
