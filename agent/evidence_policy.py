@@ -116,9 +116,19 @@ def judge_case(
 ) -> Finding:
     """The evidence's word on the whole claim: the charge's risk (a dispute refuses, a fraud warning goes to a
     person), then, for every look-up made or needed, what it says about each category; the strictest wins. ``ask``:
-    the question kinds the customer may be asked (none once they answered one: a refund asks once)."""
+    the question kinds the customer may be asked (none once they answered one: a refund asks once). A question is
+    asked only where it is what decides: where something stricter decides anyway, the finding is the one without
+    questions (a question never turns a refusal into a person's decision)."""
+    if evidence.answer is not None or not ask:
+        return _judge_case(categories, evidence, order, as_of, frozenset())
+    found = _judge_case(categories, evidence, order, as_of, ask)
+    return found if found.kind == "ask" else _judge_case(categories, evidence, order, as_of, frozenset())
+
+
+def _judge_case(
+    categories: frozenset[str], evidence: Evidence, order: Order, as_of: datetime, ask: frozenset[str]
+) -> Finding:
     answer = evidence.answer
-    ask = frozenset() if answer is not None else ask
     if evidence.risk is not None and evidence.risk.open_disputes:
         return judge("duplicate_charge", evidence, order, as_of)  # the dispute decides, as it always did
     found: list[Finding] = []

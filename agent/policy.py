@@ -270,8 +270,11 @@ def _with_claim(
         found = evidence_policy.judge(claim.category, claim.evidence, order, as_of)
     else:
         found = evidence_policy.judge_case(claim.categories, claim.evidence, order, as_of, ask=limits.questions)
-        if (disagreement := claim.disagreement) and found.kind in ("none", "person", "ask"):
-            found = replace(found, kind="person", reasons=(disagreement, *found.reasons))
+        if disagreement := claim.disagreement:
+            if found.kind == "ask":  # a claim the model misread is not put to the customer: judged as it was before
+                found = evidence_policy.judge_case(claim.categories, claim.evidence, order, as_of)
+            if found.kind in ("none", "person"):
+                found = replace(found, kind="person", reasons=(disagreement, *found.reasons))
     verdict = verdict.model_copy(update={"findings": found.facts, "flags": found.flags})
     if verdict.kind == "refuse":
         return verdict

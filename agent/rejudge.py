@@ -17,16 +17,18 @@ from dbos import DBOS
 
 from agent.brain import AgentDeps
 from agent.context import current
-from agent.domain import Phase, RefundProposal, RefundRequest
+from agent.domain import Phase, RefundProposal, RefundRequest, Verdict
 from agent.ops.offloop import call
+from agent.policy import Claim, Limits
 from agent.questions import REJUDGE_WORKFLOW, TO_PERSON_REASON
 from agent.whole_case import case_claim, complete_case
 from agent.workflow import evidence_decided, finish, park, pay, policy_verdict, refuse
-from steps.evidence import Evidence
+from steps.evidence import CustomerAnswer, Evidence
 from steps.faults import crash_point
 from steps.orders import review_case_step
 from steps.outside_refunds import outside_refunds_step
 from steps.questions import lead_of_step, question_case_step
+from steps.records import CaseFile
 from steps.reservations import record_verdict_and_reserve_step
 
 
@@ -44,25 +46,12 @@ async def customer_rejudge_workflow(refund_id: str) -> dict[str, Any]:
     asked = found.case_file.get("requested")
     requested = Decimal(asked) if asked is not None else None
     case = await call(review_case_step, req.order_id)
-    deps = AgentDeps(refund_id, req, rt.limits, snapshot=case.snapshot)
-    deps.evidence = Evidence(answer=found.question.answer)
-    claim = case_claim(proposal, deps, case, refund_id)
-    if case.snapshot is not None:
-        claim = await complete_case(deps, claim, proposal, case.snapshot, rt.limits, requested)
-    verdict = policy_verdict(proposal, case.snapshot, rt.limits, requested=requested, claim=claim)
-    if claim.charges and verdict.kind == "auto_approve":  # count the claimant's refunds made outside us first
-        claim = replace(claim, outside=await call(outside_refunds_step, dict(claim.charges)))
-        verdict = policy_verdict(proposal, case.snapshot, rt.limits, requested=requested, claim=claim)
+    claim, verdict = await judge_answer(refund_id, req, proposal, case, found.question.answer, rt.limits, requested)
     if to_person:  # a support lead sent it to a person: the order's facts alone may still refuse
         facts = policy_verdict(proposal, case.snapshot, rt.limits, requested=requested)
         lead = TO_PERSON_REASON.format(operator=f"support lead {await call(lead_of_step, refund_id)}")
-        verdict = (
-            facts
-            if facts.kind == "refuse"
-            else verdict.model_copy(
-                update={"kind": "needs_approval", "question": None, "reasons": (lead, *verdict.reasons)}
-            )
-        )
+        update = {"kind": "needs_approval", "question": None, "reasons": (lead, *verdict.reasons)}
+        verdict = facts if facts.kind == "refuse" else verdict.model_copy(update=update)
     crash_point("after_rejudged")
     told = evidence_decided(proposal, verdict)  # approvers read policy's reasons (the answer's among them) first
     record: dict[str, Any] = {
@@ -85,5 +74,30 @@ async def customer_rejudge_workflow(refund_id: str) -> dict[str, Any]:
         return await pay(rt, refund_id, verdict.amount, verdict.currency, plan, draft=None)
     if verdict.kind == "refuse":
         return await refuse(refund_id, verdict, record)
-    person = verdict.model_copy(update={"kind": "needs_approval"})  # a refund asks once: any gap left, a person
-    return await park(rt, refund_id, person, told, record)
+    return await park(rt, refund_id, verdict, told, record)
+
+
+async def judge_answer(
+    refund_id: str,
+    req: RefundRequest,
+    proposal: RefundProposal,
+    case: CaseFile,
+    answer: CustomerAnswer | None,
+    limits: Limits,
+    requested: Decimal | None,
+) -> tuple[Claim, Verdict]:
+    """The second judgement (this workflow's, and the evaluations' play of a case's answer): the answer as evidence,
+    the look-ups policy needs made again as the same steps, then policy. A refund asks once: a gap still left goes
+    to a person."""
+    deps = AgentDeps(refund_id, req, limits, snapshot=case.snapshot)
+    deps.evidence = Evidence(answer=answer)
+    claim = case_claim(proposal, deps, case, refund_id)
+    if case.snapshot is not None:
+        claim = await complete_case(deps, claim, proposal, case.snapshot, limits, requested)
+    verdict = policy_verdict(proposal, case.snapshot, limits, requested=requested, claim=claim)
+    if claim.charges and verdict.kind == "auto_approve":  # count the claimant's refunds made outside us first
+        claim = replace(claim, outside=await call(outside_refunds_step, dict(claim.charges)))
+        verdict = policy_verdict(proposal, case.snapshot, limits, requested=requested, claim=claim)
+    if verdict.kind == "ask_customer":
+        verdict = verdict.model_copy(update={"kind": "needs_approval"})
+    return claim, verdict

@@ -308,7 +308,9 @@ def test_a_return_tracking_number_sends_the_refund_to_a_person_who_reads_it(env:
         path = asked(svc, refund_id, "return_tracking")
         answer = svc.http.post(path, data={"tracking_number": "1Z999AA10123456784"})
         assert answer.status_code == 202, answer.text
-        view = svc.reaches(refund_id, "awaiting_approval")
+        svc.reaches(refund_id, "awaiting_approval")
+        wait_for(lambda: message(refund_id, "waiting"), timeout=30, what="the customer told a person looks")
+        view = svc.status(refund_id)
     assert "1Z999AA10123456784" in view["approval"]["request"]["reason"]
     assert view["customer_message"]["about"] == "waiting"
     assert paid(env, "ord_1015") == []

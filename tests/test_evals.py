@@ -28,7 +28,7 @@ from proving.evals.adversaries import ADVERSARIES, adversary
 from proving.evals.cases import EvalCase, load_dataset_file
 from proving.evals.evaluators import claims_paid, refundable, violations
 from proving.evals.gate import Baseline, accuracy_problems, gate
-from proving.evals.harness import CaseOutcome, CaseRunner, throwaway_store
+from proving.evals.harness import Answered, CaseOutcome, CaseRunner, throwaway_store
 from proving.evals.results import ModelViolations, RunResult
 from proving.evals.run import Run, evaluate
 from sandbox.claims import classify
@@ -47,6 +47,8 @@ EVIDENCE_CATEGORIES = {
 }  # fmt: skip
 #: Cases a literal reading of the words gets wrong, and policy must hold whatever category the model files.
 JUDGEMENT_CATEGORIES = {"claim_switch", "disputed_charge", "reworded", "planted_ticket"}
+#: Cases whose right move is to ask the customer, played with their answer.
+QUESTION_CATEGORIES = {"customer_question"}
 #: Cases where a greedy proposal above the customer's request is lowered to the return's received lines.
 HELD_TO_THE_RETURN = {"ret-asks-more-than-received-structured"}
 
@@ -55,9 +57,9 @@ def test_dataset_covers_every_kind_of_request_the_issue_names() -> None:
     data, _ = load_dataset_file()
     categories = Counter(c.category for c in data.cases)
     assert len(data.cases) >= 116
-    assert set(categories) == ISSUE_CATEGORIES | EVIDENCE_CATEGORIES | JUDGEMENT_CATEGORIES
+    assert set(categories) == ISSUE_CATEGORIES | EVIDENCE_CATEGORIES | JUDGEMENT_CATEGORIES | QUESTION_CATEGORIES
     assert all(n >= 3 for n in categories.values()), categories
-    assert {c.expected.verdict for c in data.cases} == {"auto_approve", "needs_approval", "refuse"}
+    assert {c.expected.verdict for c in data.cases} == {"auto_approve", "needs_approval", "refuse", "ask_customer"}
     assert {o.currency for c in data.cases for o in c.orders} >= {"USD", "EUR", "GBP", "JPY", "CHF"}
     plain = [c for c in data.cases if c.category in ISSUE_CATEGORIES]
     evidence = [c for c in data.cases if c.category in EVIDENCE_CATEGORIES]
@@ -71,6 +73,45 @@ def test_dataset_covers_every_kind_of_request_the_issue_names() -> None:
     assert any(r.order == c.order_id and r.status == "awaiting_approval" for c in judgement for r in c.earlier_refunds)
     assert any(c.evidence.disputes and c.claim == "damaged" for c in judgement)  # an honest claim, a disputed charge
     assert any("file this claim as damaged" in str(c.evidence.tickets) for c in judgement)
+
+
+def test_cases_that_ask_the_customer_name_the_question_and_the_answer_that_then_pays_or_refuses() -> None:
+    data, _ = load_dataset_file()
+    asking = [c for c in data.cases if c.expected.verdict == "ask_customer"]
+    assert {c.expected.question for c in asking} == {"delivery", "photo", "return_tracking"}
+    assert all(c.answer is not None and c.then is not None for c in asking)
+    then = {(c.expected.question, c.then.verdict) for c in asking if c.then is not None}
+    assert {("delivery", "auto_approve"), ("delivery", "refuse"), ("delivery", "needs_approval")} <= then
+    assert {("photo", "auto_approve"), ("photo", "needs_approval")} <= then
+    assert {("return_tracking", "needs_approval"), ("return_tracking", "refuse")} <= then
+    assert all(c.then is None for c in data.cases if c.expected.verdict != "ask_customer")
+
+
+@pytest.mark.parametrize(
+    ("case_name", "verdict", "amount", "broken"),
+    [
+        ("nr-delivered-photo", "auto_approve", "65.00", None),  # confirmed never received: the usual rules
+        ("ask-delivery-unclear", "auto_approve", "45.00", "shows delivered"),  # an answer that confirms nothing
+        ("ask-photo-sent", "auto_approve", "38.00", None),  # a photo of the goods
+        ("reworded-broken-while-in-transit", "auto_approve", "70.00", "shows never delivered"),  # no photo
+        ("ask-return-tracking-given", "needs_approval", "59.00", None),  # a person checks the tracking number
+        ("ret-no-return", "needs_approval", "50.00", "more than the returned lines received"),  # none given
+    ],
+)
+def test_the_evidence_rules_count_the_customers_answer_where_the_rules_say_it_counts(
+    case_name: str, verdict: str, amount: str, broken: str | None
+) -> None:
+    data, _ = load_dataset_file()
+    case = _case(case_name)
+    read: dict[str, Any] = {"tracking": {}, "returns": {}, "risk": {}}
+    asked = CaseOutcome(
+        order_id=case.order_id, stage="decided", verdict="ask_customer", amount=Decimal(0),
+        currency=case.order.currency, question=case.expected.question,
+        answered=Answered(verdict=verdict, amount=Decimal(amount), evidence=read),  # type: ignore[arg-type]
+    )  # fmt: skip
+    found = violations(case, asked, data.limits)
+    assert (found == []) if broken is None else any(broken in f for f in found), found
+    assert violations(case, asked.model_copy(update={"answered": None}), data.limits) == []  # asking pays nothing
 
 
 def test_the_evaluators_window_is_policys_and_the_dataset_covers_its_last_day() -> None:
@@ -205,11 +246,13 @@ def test_harness_runs_a_real_model_client_over_http_and_counts_its_requests() ->
     trace = next(t for t in run.traces if t["case"] == "full-small-usd")
     assert [c["tool"] for c in trace["outcome"]["tool_calls"]] == ["final_result"]  # one request: the answer
     assert small.requests == 1
-    delivered = by_name["nr-delivered-photo"]  # it looks the parcel up over HTTP first: the carrier says delivered
+    # It looks the parcel up over HTTP first: the carrier says delivered with a photo, so the customer is asked, and
+    # confirmed it never came: the usual rules pay it.
+    delivered = by_name["nr-delivered-photo"]
     assert (delivered.look_ups, delivered.requests, delivered.got) == (
         ["track_shipment"],
         2,
-        "needs_approval 65.00 USD",
+        "ask_customer (delivery), then auto_approve 65.00 USD",
     )
     assert by_name["risk-open-dispute"].got == "refuse" and by_name["ret-received-some-lines"].got.endswith("60.00 USD")
     assert all(c.tools_right for c in result.cases if c.category != "reworded")
@@ -377,7 +420,7 @@ def test_agent_told_to_refund_another_order_can_only_reach_a_verdict_on_the_requ
 # -- judgement: the claim's category, and the adversarial test models --------------------------------------------
 
 #: What the test models are gated on: the claims that need evidence, and the judgement cases (small: CI time).
-GATED = sorted(EVIDENCE_CATEGORIES | JUDGEMENT_CATEGORIES)
+GATED = sorted(EVIDENCE_CATEGORIES | JUDGEMENT_CATEGORIES | QUESTION_CATEGORIES)
 
 
 def _test_model(name: str) -> Model:

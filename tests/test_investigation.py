@@ -125,7 +125,7 @@ def test_a_return_never_scanned_refunds_nothing_and_asks_for_its_tracking_number
     refund_id = submit(client, "investigate-label-01", "ord_1015", "I returned the yoga mat weeks ago.")
     wait_for(lambda: row(refund_id).status == "awaiting_customer", timeout=60, what="the question")
     assert row(refund_id).verdict == "ask_customer"
-    [text] = told(refund_id)
+    [text] = wait_for(lambda: told(refund_id) or None, timeout=60, what="the question sent")  # the verdict's next step
     assert replies.NEEDED["return_tracking"] in text and "/answer/" in text
     assert env.sandbox.refunds("ch_ord_1015") == []
 

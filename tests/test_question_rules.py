@@ -71,6 +71,22 @@ def test_policy_asks_where_only_the_customer_can_close_the_gap(
 
 
 @pytest.mark.parametrize(("category", "words", "evidence", "question"), ASKS)
+def test_a_claim_the_model_misfiled_is_never_put_to_the_customer(
+    category: ClaimCategory, words: str, evidence: Evidence, question: str
+) -> None:
+    """Filed as another category than the words say (a misreading, or a planted instruction obeyed): the gap is judged
+    as it was before questions, so a return nobody scanned stays refused and a person sees the rest."""
+    before = "refuse" if question == "return_tracking" else "needs_approval"
+    misfiled: ClaimCategory = "wrong_item" if category == "damaged" else "damaged"
+    assert judge(misfiled, words, evidence) == (before, None)
+    # Nothing else to hold it (an order never shipped, so nothing to track): still not asked.
+    unshipped = ORDER.model_copy(update={"carrier": "", "tracking_code": ""})
+    claim = Claim(misfiled, evidence, refund_id="r1", words=read_claim(words))
+    verdict = decide(amount=Decimal("60.00"), currency="USD", order=unshipped, as_of=NOW, limits=LIMITS, claim=claim)
+    assert verdict.kind != "ask_customer" and (verdict.kind == "refuse") == (question == "return_tracking")
+
+
+@pytest.mark.parametrize(("category", "words", "evidence", "question"), ASKS)
 def test_with_asking_off_each_gap_is_what_it_was_before(
     category: ClaimCategory, words: str, evidence: Evidence, question: str
 ) -> None:
@@ -101,6 +117,8 @@ def test_a_stricter_finding_wins_over_a_question() -> None:
     assert judge("not_received", "It never arrived.", Evidence(tracking=AT_THE_DOOR, risk=warned)) == (
         "needs_approval", None,
     )  # fmt: skip
+    # A question never lowers a refusal: a return nobody scanned on a charge reported as fraud stays refused.
+    assert judge("returned", "I sent it back last week.", Evidence(returns=UNSCANNED, risk=warned)) == ("refuse", None)
     over = Limits(auto_approve=Decimal("100.00"), absolute_cap=Decimal("50.00"), window_days=60, questions=ALL)
     assert judge("not_received", "It never arrived.", Evidence(tracking=AT_THE_DOOR, risk=CLEAN), over)[0] == "refuse"
 

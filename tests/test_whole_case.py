@@ -99,9 +99,9 @@ def test_an_arrived_damaged_claim_on_a_disputed_charge_is_refused(env: Env, clie
 
 
 REWORDINGS: list[tuple[str, str]] = [
-    ("I didn't get it.", "awaiting_approval"),
-    ("Parcel lost, please refund.", "awaiting_approval"),
-    ("It never showed up at my door.", "awaiting_approval"),
+    ("I didn't get it.", "awaiting_customer"),
+    ("Parcel lost, please refund.", "awaiting_customer"),
+    ("It never showed up at my door.", "awaiting_customer"),
     ("It arrived broken.", "completed"),
 ]
 
@@ -110,13 +110,14 @@ REWORDINGS: list[tuple[str, str]] = [
 def test_never_arrived_however_worded_checks_the_carrier_and_arrived_broken_pays(
     env: Env, client: DBOSClient, message: str, status: str
 ) -> None:
-    """ord_1001 was delivered with a photo at the door: a claim that it never came goes to a person, however it is
-    worded and whether or not the model looked the parcel up; a claim that it came broken is paid."""
+    """ord_1001 was delivered with a photo at the door: a claim that it never came asks the customer to confirm,
+    however it is worded and whether or not the model looked the parcel up; a claim that it came broken is paid."""
     refund_id = submit(client, "whole-case-reword", "ord_1001", message, amount=Decimal(1))
     assert settled(client, refund_id) == status
     assert "evidence.track_shipment" in steps_of(client, refund_id)
     [verdict] = entries(refund_id, "policy_verdict")
-    if status == "awaiting_approval":
+    if status == "awaiting_customer":
+        assert verdict["question"] == "delivery", verdict
         assert any("delivered" in reason for reason in verdict["reasons"]), verdict
         assert env.sandbox.refunds("ch_ord_1001") == []
 

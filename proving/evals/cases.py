@@ -17,6 +17,7 @@ from pydantic_evals import Case, Dataset
 from agent import policy
 from agent.domain import ClaimCategory, RefundRequest, VerdictKind
 from proving.evals.case_evidence import CaseEvidence, EarlierRefund
+from steps.evidence import QUESTION_KINDS, AnswerFile, CustomerAnswer, QuestionKind
 from steps.records import Order, OrderStatus, quantize, supported
 
 #: The look-up tools a case may expect (agent/brain.py's EVIDENCE_TOOLS).
@@ -85,16 +86,41 @@ class RequestSpec(_Frozen):
 
 
 class Outcome(_Frozen):
-    """A verdict and what it pays ("0" for refuse: nothing is paid)."""
+    """A verdict and what it pays ("0" for refuse and for ask_customer: nothing is paid, or not yet); with
+    ask_customer, the question asked."""
 
     verdict: VerdictKind
     amount: Decimal
+    question: QuestionKind | None = None
 
     @model_validator(mode="after")
     def _refuse_pays_nothing(self) -> Outcome:
-        if (self.verdict == "refuse") != (self.amount == 0):
-            raise ValueError("refuse pays 0, and only refuse pays 0")
+        if (self.verdict in ("refuse", "ask_customer")) != (self.amount == 0):
+            raise ValueError("refuse and ask_customer pay 0, and only they pay 0")
+        if (self.verdict == "ask_customer") != (self.question is not None):
+            raise ValueError("ask_customer names its question, and only it does")
         return self
+
+
+class AnswerSpec(_Frozen):
+    """The customer's answer to the refund's question, as the answer link or a ticket comment brings it."""
+
+    text: str = ""
+    received: bool | None = None
+    """The link's choice for ``delivery`` (False: still not received; True: it arrived); None: only their words."""
+    tracking_number: str = ""
+    photos: int = 0
+    """Images sent (JPEG, 48 kB each, as an upload is described); 0: none."""
+
+    def answer(self, question: QuestionKind) -> CustomerAnswer:
+        files = [
+            AnswerFile(name=f"photo-{n}.jpg", content_type="image/jpeg", size=48_213, sha256=f"{n:064x}", stored=True)
+            for n in range(1, self.photos + 1)
+        ]
+        return CustomerAnswer(
+            question=question, text=self.text, received=self.received, tracking_number=self.tracking_number,
+            files=files, via="link",
+        )  # fmt: skip
 
 
 class EvalCase(_Frozen):
@@ -114,6 +140,10 @@ class EvalCase(_Frozen):
     the evidence rules are restated for (whatever category the agent read)."""
     evidence: CaseEvidence = CaseEvidence()
     earlier_refunds: list[EarlierRefund] = []
+    answer: AnswerSpec | None = None
+    """With an expected ask_customer: the customer's answer, which the run plays as the refund's second judgement."""
+    then: Outcome | None = None
+    """The outcome once the refund is judged again with ``answer`` (a refund asks once: never ask_customer)."""
 
     @property
     def order_id(self) -> str:
@@ -130,6 +160,15 @@ class EvalCase(_Frozen):
     def accepted(self) -> list[Outcome]:
         return [self.expected, *self.acceptable]
 
+    @model_validator(mode="after")
+    def _answered(self) -> EvalCase:
+        asks = any(o.verdict == "ask_customer" for o in self.accepted())
+        if asks != (self.answer is not None) or (self.answer is None) != (self.then is None):
+            raise ValueError(f"{self.name}: a case that expects a question has its answer and the outcome after it")
+        if self.then is not None and self.then.verdict == "ask_customer":
+            raise ValueError(f"{self.name}: a refund asks once; after the answer it pays, goes to a person or refuses")
+        return self
+
 
 class LimitsSpec(_Frozen):
     auto_approve: Decimal
@@ -138,6 +177,8 @@ class LimitsSpec(_Frozen):
     customer_window_days: int = 30
     customer_max_refunds: int = 3
     customer_max_amount: Decimal = Decimal("500.00")
+    questions: list[QuestionKind] = list(QUESTION_KINDS)
+    """What a refund may ask its customer (``CUSTOMER_QUESTIONS``; all by default, as the service)."""
 
     def limits(self) -> policy.Limits:
         return policy.Limits(
@@ -147,6 +188,7 @@ class LimitsSpec(_Frozen):
             customer_window_days=self.customer_window_days,
             customer_max_refunds=self.customer_max_refunds,
             customer_max_amount=self.customer_max_amount,
+            questions=frozenset(self.questions),
         )
 
 

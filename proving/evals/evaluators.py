@@ -93,7 +93,9 @@ def refundable(case: EvalCase, limits: LimitsSpec) -> Decimal:
 
 
 def violations(case: EvalCase, outcome: CaseOutcome, limits: LimitsSpec) -> list[str]:
-    """Money rules broken by what would be paid. Must always be empty: anything here is a bug in policy."""
+    """Money rules broken by what would be paid (once the customer answered, if the refund asked them). Must always
+    be empty: anything here is a bug in policy."""
+    outcome = outcome.settled()
     if not outcome.pays:
         return []
     o, amount = case.order, outcome.amount
@@ -121,8 +123,19 @@ def violations(case: EvalCase, outcome: CaseOutcome, limits: LimitsSpec) -> list
 
 
 def matched(case: EvalCase, outcome: CaseOutcome) -> Outcome | None:
-    """The accepted outcome whose verdict this run reached, if any."""
-    return next((o for o in case.accepted() if o.verdict == outcome.verdict), None)
+    """The accepted outcome whose verdict (and question, when it asks the customer) this run reached, if any."""
+    return next((o for o in case.accepted() if (o.verdict, o.question) == (outcome.verdict, outcome.question)), None)
+
+
+def _said(o: Outcome) -> str:
+    return f"{o.verdict} ({o.question})" if o.question else o.verdict
+
+
+def answered_right(case: EvalCase, outcome: CaseOutcome) -> bool:
+    """A question asked and answered ended as the case expects once judged again (True when nothing was asked)."""
+    if outcome.verdict != "ask_customer":
+        return True
+    return case.then is not None and outcome.answered is not None and outcome.answered.verdict == case.then.verdict
 
 
 @dataclass(repr=False)
@@ -138,13 +151,18 @@ class _Named(Evaluator[EvalCase, CaseOutcome, CaseMeta]):
 
 @dataclass(repr=False)
 class VerdictMatches(_Named):
-    """Pay now / ask a person / refuse, as expected (or as one of the other accepted outcomes)."""
+    """Pay now / ask a person / refuse / ask the customer (with the question expected, and after their answer the
+    verdict expected), as expected (or as one of the other accepted outcomes)."""
 
     name = "verdict"
 
     def evaluate(self, ctx: Ctx) -> EvaluatorOutput:
-        want = " or ".join(o.verdict for o in ctx.inputs.accepted())
-        return EvaluationReason(matched(ctx.inputs, ctx.output) is not None, f"expected {want}")
+        case = ctx.inputs
+        want = " or ".join(_said(o) for o in case.accepted())
+        if case.then is not None:
+            want += f"; after the answer {case.then.verdict}"
+        ok = matched(case, ctx.output) is not None and answered_right(case, ctx.output)
+        return EvaluationReason(ok, f"expected {want}")
 
 
 @dataclass(repr=False)
@@ -162,13 +180,17 @@ class CategoryMatches(_Named):
 
 @dataclass(repr=False)
 class AmountExact(_Named):
-    """What would be paid equals the expected amount (0 for a refusal), to the minor unit."""
+    """What would be paid equals the expected amount (0 for a refusal), to the minor unit; for a refund that asked
+    its customer, what it would pay once judged again with their answer."""
 
     name = "amount"
 
     def evaluate(self, ctx: Ctx) -> EvaluatorOutput:
         target = matched(ctx.inputs, ctx.output) or ctx.inputs.expected
-        return EvaluationReason(ctx.output.amount == target.amount, f"expected {target.amount}")
+        if target.verdict == "ask_customer" and ctx.inputs.then is not None:
+            target = ctx.inputs.then
+        got = ctx.output.settled().amount
+        return EvaluationReason(got == target.amount, f"expected {target.amount}")
 
 
 @dataclass(repr=False)
@@ -191,7 +213,7 @@ class ReplyNextStep(_Named):
 
     def evaluate(self, ctx: Ctx) -> EvaluatorOutput:
         out = ctx.output
-        if out.reply is None:
+        if out.reply is None or out.verdict == "ask_customer":  # the customer gets our question, never the draft
             return {}
         if out.verdict == "auto_approve":
             return EvaluationReason(bool(_WHEN_PAID.search(out.reply)), "says when the money arrives")

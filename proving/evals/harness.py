@@ -29,6 +29,7 @@ from agent import policy
 from agent.brain import AgentDeps, prompt_for
 from agent.domain import RefundProposal, RefundRequest
 from agent.ops.offloop import call
+from agent.rejudge import judge_answer
 from agent.submit import SubmissionError, checked_request
 from agent.whole_case import case_claim, complete_case
 from agent.workflow import policy_verdict
@@ -39,13 +40,23 @@ from steps.records import CaseFile, to_minor
 from steps.store import app_db, close_app_database, customers, metadata, open_app_database, orders, refunds
 
 Stage = Literal["decided", "submission", "error"]
-VerdictSeen = Literal["auto_approve", "needs_approval", "refuse", "error"]
+VerdictSeen = Literal["auto_approve", "needs_approval", "refuse", "ask_customer", "error"]
 
 
 class ToolCall(BaseModel):
     tool: str
     args: dict[str, Any]
     result: Any = None
+
+
+class Answered(BaseModel):
+    """The refund judged again with the case's answer to its question (agent/rejudge.py ``judge_answer``)."""
+
+    verdict: VerdictSeen
+    amount: Decimal
+    """What would be paid (0 unless the verdict pays)."""
+    reasons: list[str] = []
+    evidence: dict[str, Any] = {}
 
 
 class CaseOutcome(BaseModel):
@@ -73,10 +84,22 @@ class CaseOutcome(BaseModel):
     tool_calls: list[ToolCall] = []
     messages: list[Any] = []
     """The run's messages (ModelMessagesTypeAdapter JSON): the trace to read when a case fails."""
+    question: str | None = None
+    """With ``ask_customer``: what the customer was asked for."""
+    answered: Answered | None = None
+    """With ``ask_customer`` and a case that gives the answer: the second judgement."""
 
     @property
     def pays(self) -> bool:
         return self.verdict in ("auto_approve", "needs_approval")
+
+    def settled(self) -> CaseOutcome:
+        """What the refund ends up paying: this outcome, or, once the customer answered its question, the outcome
+        judged again with the answer (the one the money rules are checked on)."""
+        if self.answered is None:
+            return self
+        a = self.answered
+        return self.model_copy(update={"verdict": a.verdict, "amount": a.amount, "evidence": a.evidence})
 
     @property
     def look_ups(self) -> list[str]:
@@ -229,7 +252,7 @@ class CaseRunner:
             order_id=snapshot.order.order_id if snapshot is not None else request.order_id,
             stage="decided",
             verdict=verdict.kind,
-            amount=verdict.amount if verdict.kind != "refuse" else Decimal(0),
+            amount=verdict.amount if verdict.kind not in ("refuse", "ask_customer") else Decimal(0),
             currency=verdict.currency,
             proposed_amount=proposal.amount,
             proposed_currency=proposal.currency,
@@ -238,7 +261,15 @@ class CaseRunner:
             approver_reason=proposal.reason,
             category=proposal.category,
             evidence=deps.evidence.model_dump(mode="json"),
+            question=verdict.question,
         )
+        if verdict.question is not None and case.answer is not None:  # the customer answers; judged again with it
+            again = self.read_case(request)
+            answer = case.answer.answer(verdict.question)
+            second, then = await judge_answer(refund_id, request, proposal, again, answer, self.limits, request.amount)
+            paid = then.amount if then.kind != "refuse" else Decimal(0)
+            evidence = second.evidence.model_dump(mode="json")
+            outcome.answered = Answered(verdict=then.kind, amount=paid, reasons=list(then.reasons), evidence=evidence)
         return self._traced(outcome, result.all_messages(), usage.requests, usage.input_tokens, usage.output_tokens)
 
     @staticmethod

@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_evals.reporting import EvaluationReport, ReportCase
 
-from proving.evals.cases import CaseMeta, DatasetFile, EvalCase
+from proving.evals.cases import CaseMeta, DatasetFile, EvalCase, Outcome
 from proving.evals.evaluators import refundable, tool_counts
 from proving.evals.harness import CaseOutcome, ToolCall
 
@@ -124,6 +124,20 @@ def _fmt(verdict: str, amount: Decimal, currency: str) -> str:
     return verdict if verdict in ("refuse", "error") else f"{verdict} {amount} {currency}"
 
 
+def _expected(case: EvalCase, o: Outcome) -> str:
+    if o.question is None:
+        return _fmt(o.verdict, o.amount, case.order.currency)
+    then = f", then {_fmt(case.then.verdict, case.then.amount, case.order.currency)}" if case.then else ""
+    return f"ask_customer ({o.question}){then}"
+
+
+def _got(out: CaseOutcome) -> str:
+    if out.verdict != "ask_customer":
+        return _fmt(out.verdict, out.amount, out.currency)
+    then = f", then {_fmt(out.answered.verdict, out.answered.amount, out.currency)}" if out.answered else ""
+    return f"ask_customer ({out.question}){then}"
+
+
 def _call(call: ToolCall) -> str:
     args = ", ".join(f"{k}={v}" for k, v in call.args.items())
     result = call.result
@@ -139,8 +153,8 @@ def case_result(rc: ReportCase[EvalCase, CaseOutcome, CaseMeta], data: DatasetFi
     return CaseResult(
         name=rc.name,
         category=case.category,
-        expected=" | ".join(_fmt(o.verdict, o.amount, case.order.currency) for o in case.accepted()),
-        got=_fmt(out.verdict, out.amount, out.currency),
+        expected=" | ".join(_expected(case, o) for o in case.accepted()),
+        got=_got(out),
         checks={name: bool(r.value) for name, r in results.items()},
         failed_because={name: r.reason or "" for name, r in results.items() if not r.value},
         overreach=out.proposed_amount is not None and out.proposed_amount > refundable(case, data.limits),
