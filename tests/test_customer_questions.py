@@ -287,6 +287,8 @@ def test_an_uploaded_photo_is_kept_as_an_image_and_anything_else_is_refused(env:
         html = svc.http.post(path, files={"file": ("books.jpg", script, "image/jpeg")})
         huge = svc.http.post(path, files={"file": ("books.png", PNG + b"\x00" * MAX_FILE_BYTES, "image/png")})
         assert (html.status_code, huge.status_code) == (415, 413)
+        elsewhere = svc.http.post("/refunds", files={"file": ("books.png", PNG, "image/png")}, headers=svc.auth)
+        assert elsewhere.status_code == 415 and "no endpoint here takes multipart" in elsewhere.text  # unread
         assert svc.status(refund_id)["question"]["state"] == "open"
         taken = svc.http.post(path, files={"file": ("books.png", PNG, "application/octet-stream")}, data={"text": "x"})
         assert taken.status_code == 202, taken.text

@@ -1,4 +1,4 @@
-"""Signed approval tokens: what verifies, what expires, and what is refused as forged or malformed."""
+"""Signed approval and answer tokens: what verifies, what expires, and what is refused as forged or malformed."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from decimal import Decimal
 
 import pytest
 
-from agent.tokens import ApprovalClaims, TokenError, sign, verify
+from agent.tokens import AnswerClaims, ApprovalClaims, TokenError, sign, sign_answer, verify, verify_answer
 
 SECRET = b"approval-signing-secret"
 EXPIRES = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
@@ -126,3 +126,25 @@ def test_verified_claims_cannot_be_altered() -> None:
     claims = verify(sign(CLAIMS, SECRET), SECRET, now=BEFORE)
     with pytest.raises(dataclasses.FrozenInstanceError):
         claims.amount = Decimal("1000000.00")  # type: ignore[misc]
+
+
+def test_an_answer_token_is_signed_with_a_key_of_its_own_and_never_passes_for_an_approval() -> None:
+    """A customer's answer link: HMAC over its own claims under a key derived from the secret for answers only, so
+    what the approval secret signs never answers, and neither token verifies as the other."""
+    answer = AnswerClaims("req-2026-0001", "delivery", EXPIRES)
+    token = sign_answer(answer, SECRET)
+    body = b'{"e":1796385600,"k":"answer","q":"delivery","r":"req-2026-0001"}'
+    key = hmac.new(SECRET, b"refund-agent customer answer link", hashlib.sha256).digest()
+    assert token == _signed(body, key) != _signed(body)
+    assert verify_answer(token, SECRET, now=BEFORE) == answer
+    with pytest.raises(TokenError, match="does not verify"):
+        verify_answer(_signed(body), SECRET, now=BEFORE)  # the same claims under the approval secret
+    with pytest.raises(TokenError):
+        verify_answer(sign(CLAIMS, SECRET), SECRET, now=BEFORE)
+    other = body.replace(b'"k":"answer"', b'"k":"approval"')  # under the answer key, but not marked an answer
+    with pytest.raises(TokenError, match="malformed"):
+        verify_answer(_signed(other, key), SECRET, now=BEFORE)
+    with pytest.raises(TokenError):
+        verify(token, SECRET, now=BEFORE)
+    with pytest.raises(TokenError, match="expired"):
+        verify_answer(token, SECRET, now=EXPIRES)
