@@ -74,7 +74,7 @@ async def customer_rejudge_workflow(refund_id: str) -> dict[str, Any]:
         return await pay(rt, refund_id, verdict.amount, verdict.currency, plan, draft=None)
     if verdict.kind == "refuse":
         return await refuse(refund_id, verdict, record)
-    return await park(rt, refund_id, verdict, told, record)
+    return await park(rt, refund_id, verdict, told, record, answered=found.question.answer is not None)
 
 
 async def judge_answer(

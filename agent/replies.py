@@ -103,13 +103,19 @@ def refused(amount: Decimal | None, currency: str, reasons: Iterable[str]) -> st
     return f"We are sorry: we cannot refund {what} on this order because {why}. {ANOTHER_LOOK}"
 
 
-def waiting(amount: Decimal, currency: str, by: datetime) -> str:
+def waiting(amount: Decimal, currency: str, by: datetime, *, answered: bool = False) -> str:
     """Parked for a person: nothing is decided yet, and the customer hears from us again by ``by`` (the deadline
-    at which, undecided, the refund expires and they are told so)."""
-    rounded_up = by.replace(second=0, microsecond=0) + (timedelta(minutes=1) if by.second or by.microsecond else ZERO)
+    at which, undecided, the refund expires and they are told so). ``answered``: parked with the customer's answer
+    to a question, which a person now reviews (an answer never pays on its own)."""
+    money, when = format_money(amount, currency), format_moment(_rounded_up(by))
+    if answered:
+        return (
+            f"Thank you for your answer. A member of our team now reviews your request for a refund of {money} with "
+            f"it and needs to confirm it before it is sent; you will hear from us again by {when}."
+        )
     return (
-        f"We have received your request for a refund of {format_money(amount, currency)}. A member of our team "
-        f"needs to confirm it before it is sent; you will hear from us again by {format_moment(rounded_up)}."
+        f"We have received your request for a refund of {money}. A member of our team needs to confirm it before "
+        f"it is sent; you will hear from us again by {when}."
     )
 
 

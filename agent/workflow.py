@@ -231,10 +231,16 @@ def usage_record(usage: RunUsage, model: str) -> ModelUsage:
 
 
 async def park(
-    rt: Runtime, refund_id: str, verdict: Verdict, proposal: RefundProposal, record: dict[str, Any]
+    rt: Runtime,
+    refund_id: str,
+    verdict: Verdict,
+    proposal: RefundProposal,
+    record: dict[str, Any],
+    *,
+    answered: bool = False,
 ) -> dict[str, Any]:
     """Record the request, set its deadline and reminder, ask approvers and tell the customer it waits for a person
-    (one step); then end: waiting is rows."""
+    (one step; ``answered``: with the answer they gave to its question); then end: waiting is rows."""
     config = rt.approvals
     request = await call(
         open_approval_step,
@@ -252,7 +258,8 @@ async def park(
     text = approvals.request_text(request, category=proposal.category if found is not None else None, evidence=lines)
     links = approvals.approver_links(config, approvals.claims_of(request, approver=""))
     messages = {name: f"{text}\nDecide: {url}" for name, url in links.items()}  # each link decides as its approver
-    told = replies.waiting(request.amount, request.currency, request.expires_at)  # heard from again by the deadline
+    # heard from again by the deadline
+    told = replies.waiting(request.amount, request.currency, request.expires_at, answered=answered)
     await call(notify_approvers_step, refund_id, kind="request", messages=messages, customer_text=told)
     if slack_enabled():  # the buttons decide as the clicking user, if the allow-list maps them to an approver
         token, _ = approvals.link(config, approvals.claims_of(request, approvals.SLACK_APPROVER))

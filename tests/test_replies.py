@@ -129,6 +129,13 @@ def test_a_parked_refund_is_told_a_person_confirms_it_and_by_when_it_hears_again
     assert "cannot refund" not in text and "has been approved and sent" not in text
 
 
+def test_a_refund_parked_with_the_customers_answer_tells_them_a_person_now_reviews_it() -> None:
+    text = replies.waiting(Decimal("42.00"), USD, datetime(2026, 12, 6, 14, 5, tzinfo=UTC), answered=True)
+    assert text.startswith("Thank you for your answer. A member of our team now reviews your request")
+    assert "42.00 USD" in text and "you will hear from us again by 6 Dec 2026 14:05 UTC." in text
+    assert "has been approved and sent" not in text and "cannot refund" not in text
+
+
 @pytest.mark.parametrize(
     "text", [replies.rejected_by_person(Decimal(5), USD), replies.expired(Decimal(5), USD)], ids=["rejected", "expired"]
 )
