@@ -14,7 +14,9 @@ Where the gap is one the customer can close, ``judge_case`` asks them (``ask``, 
 parcel the carrier shows delivered with a photo at the door while they say it never came (``delivery``: confirm
 it), goods claimed broken or wrong while the carrier still shows the parcel moving (``photo``: of the item), a
 return they say they sent that the warehouse has not seen (``return_tracking``: its tracking number). With their
-answer recorded (``Evidence.answer``) the same rules judge it, and nothing is asked again.
+answer recorded (``Evidence.answer``) the same rules judge it, and nothing is asked again. An answer never pays on
+its own: what the customer says or sends against the carrier's or the warehouse's record goes to a person with the
+answer as evidence; "it arrived after all" refuses, and no answer by the deadline closes the refund.
 """
 
 from __future__ import annotations
@@ -191,8 +193,8 @@ def _tracking_for(
 
 
 def _photo(person: Finding, answer: CustomerAnswer | None) -> Finding:
-    """Goods claimed in hand on a parcel still moving: ask for a photo of them; with one, the claim is judged by the
-    usual rules (the photo noted); asked and sent none, a person looks."""
+    """Goods claimed in hand on a parcel still moving: ask for a photo of them; with one, a person looks at it
+    against the carrier's record (any image could be sent); asked and sent none, a person looks too."""
     if answer is None:
         return replace(person, kind="ask", question="photo")
     if answer.question != "photo":
@@ -203,12 +205,15 @@ def _photo(person: Finding, answer: CustomerAnswer | None) -> Finding:
             person, reasons=("the customer was asked for a photo of the item and sent none", *person.reasons)
         )
     shown = ", ".join(f"{f.content_type}, {f.size} bytes" for f in photos)
-    return Finding("none", facts=(*person.facts, f"the customer sent {len(photos)} photo(s) of the item ({shown})"))
+    fact = f"the customer sent {len(photos)} photo(s) of the item ({shown})"
+    reason = f"{fact} while the carrier still shows the parcel moving: a person looks at them"
+    return Finding("person", (reason, *person.reasons), (*person.facts, fact))
 
 
 def _not_received(tracking: Tracking, as_of: datetime, ask: frozenset[str], answer: CustomerAnswer | None) -> Finding:
     """A parcel the customer says never came: the carrier's word, and where it shows a photo at the door, the
-    customer's confirmation (asked once): still not received, the usual rules; it arrived after all, refused."""
+    customer's confirmation (asked once): still not received, a person weighs it against the carrier's photo; it
+    arrived after all, refused."""
     base = _delivery(tracking, as_of)
     if not (tracking.found and tracking.status == "delivered" and tracking.proof == "photo"):
         return base
@@ -219,7 +224,8 @@ def _not_received(tracking: Tracking, as_of: datetime, ask: frozenset[str], answ
     received = answer.received if answer.received is not None else says_received(answer.text)
     if received is False:
         fact = "the customer confirmed the parcel never reached them"
-        return Finding("none", facts=(*base.facts, fact))
+        reason = f"{fact}, against the carrier's photo at the door: a person weighs the two"
+        return Finding("person", (reason, *base.reasons), (*base.facts, fact))
     if received:
         reason = "the customer said the parcel arrived after all"
         note = "Thank you for letting us know your parcel arrived. As it did, there is no refund for a missing parcel."

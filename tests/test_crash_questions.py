@@ -2,7 +2,8 @@
 question is asked once, the answer recorded once, and the refund paid once (the provider's ledger counts it).
 
 The refund: "it never arrived" on an order the carrier shows delivered with a photo at the door, so policy asks the
-customer to confirm; their answer (still not received) is judged again and paid at once. Both databases.
+customer to confirm; their answer (still not received) is judged again and parks the refund for a person (their word
+against the carrier's photo), who approves it through the approvals queue; then it pays. Both databases.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from agent.approvals import APPROVAL_QUEUE, family
 from agent.domain import RefundRequest
 from agent.ops.processes import wait_for
 from agent.questions import ANSWER_WORKFLOW, answer_id, ids
+from agent.status import parked
 from agent.submit import submit_refund
 from steps import audit
 from steps.evidence import CustomerAnswer
@@ -60,7 +62,7 @@ def pending(cluster: Cluster, refund_id: str) -> list[str]:
 
 
 @pytest.mark.parametrize("point", list(POINTS))
-def test_sigkill_while_asking_or_judging_the_answer_then_restart_pays_exactly_once(
+def test_sigkill_while_asking_or_judging_the_answer_then_restart_and_approval_pays_exactly_once(
     env: Env, cluster: Cluster, point: str
 ) -> None:
     refund_id = f"crash-ask-{point.replace('_', '-')}"
@@ -78,6 +80,9 @@ def test_sigkill_while_asking_or_judging_the_answer_then_restart_pays_exactly_on
     if POINTS[point] == "asking":
         wait_for(lambda: question_asked(refund_id), timeout=90, what="the question after the restart")
         answer(cluster.client, refund_id)
+    wait_for(lambda: parked(cluster.client, refund_id), timeout=90, what="the answer to park the refund")
+    assert env.sandbox.refunds(f"ch_{ORDER}") == []  # the answer alone pays nothing
+    cluster.approve(refund_id)
     outcome: dict[str, Any] = cluster.finished(refund_id)
 
     assert outcome["status"] == "completed", cluster.dump_logs()
@@ -91,5 +96,12 @@ def test_sigkill_while_asking_or_judging_the_answer_then_restart_pays_exactly_on
         events = [e.event for e in audit.entries(conn, refund_id)]
         questions = conn.execute(sa.select(outbox.c.message_key).where(outbox.c.refund_id == refund_id)).scalars()
         keys = sorted(questions)
-    assert (events.count("customer_asked"), events.count("customer_answered"), events.count("refund_paid")) == (1, 1, 1)
-    assert keys == [f"{refund_id}:customer", f"{refund_id}:customer:question"]  # asked once, told the outcome once
+    once = ("customer_asked", "customer_answered", "approval_requested", "approval_decided", "refund_paid")
+    assert [events.count(event) for event in once] == [1, 1, 1, 1, 1]
+    # Asked once, told once that a person reviews it and once the outcome; the approver asked once.
+    assert keys == [
+        f"{refund_id}:approvers:request:admin",
+        f"{refund_id}:customer",
+        f"{refund_id}:customer:question",
+        f"{refund_id}:customer:waiting",
+    ]

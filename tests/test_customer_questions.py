@@ -1,7 +1,8 @@
 """Asking the customer, through HTTP, on both databases: the refund waits as rows for what only the customer can give,
 tells them exactly what and by when, takes one answer (the signed link or a comment on its help-desk ticket), judges
-the refund again with it and pays once, parks it for a person, or refuses; a reminder, an expiry that closes it, and
-every wrong answer (a second one, a late one, a duplicate webhook, another refund's link) handled once or refused.
+the refund again with it and parks it for a person (who reads the answer; once approved it pays once) or refuses; a
+reminder, an expiry that closes it, and every wrong answer (a second one, a late one, a duplicate webhook, another
+refund's link) handled once or refused.
 
 The service runs in this process (the app's lifespan launches DBOS against the test's databases); the evidence and
 help-desk sandbox is this module's own, with tickets 601-620 of Ada's. Timers are made due with
@@ -91,6 +92,13 @@ class Service:
 
         return wait_for(there, timeout=timeout, what=f"refund {refund_id} {status}")
 
+    def approve(self, refund_id: str, currency: str = "USD") -> dict[str, Any]:
+        """A person approves the parked refund: the reader client (admin: it may decide; it did not ask)."""
+        body = {"decision": "approve", "currency": currency}
+        decided = self.http.post(f"/refunds/{refund_id}/approval", json=body, headers=self.reader)
+        assert decided.status_code == 200, decided.text
+        return self.reaches(refund_id, "completed")
+
     def deliver(self, payload: dict[str, Any]) -> Any:  # the test client's response (httpx2's, under Starlette 1)
         body = json.dumps(payload).encode()
         when = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -137,7 +145,7 @@ def paid(env: Env, order_id: str) -> list[dict[str, Any]]:
     return env.sandbox.refunds(f"ch_{order_id}")
 
 
-def test_a_parcel_shown_delivered_asks_the_customer_waits_as_rows_and_their_answer_pays_once(
+def test_a_parcel_shown_delivered_asks_the_customer_waits_as_rows_and_their_answer_goes_to_a_person_who_pays_once(
     env: Env, desk: EvidenceServer
 ) -> None:
     with serving(env, desk) as svc:
@@ -161,11 +169,17 @@ def test_a_parcel_shown_delivered_asks_the_customer_waits_as_rows_and_their_answ
         assert answer.status_code == 202, answer.text
         again = svc.http.post(path, data={"received": "no", "text": "Still <b>nothing</b> here."})  # a double click
         assert again.status_code == 202, again.text
-        done = svc.reaches(refund_id, "completed")
+        parked = svc.reaches(refund_id, "awaiting_approval")  # their word against the carrier's photo: a person
+        told = wait_for(lambda: message(refund_id, "waiting"), timeout=30, what="the customer told a person looks")
         other = svc.http.post(path, data={"received": "yes"})  # a second, different answer
         assert other.status_code == 409 and "answered already" in other.text
+        assert paid(env, "ord_1001") == []
+        done = svc.approve(refund_id)
 
     assert [r["metadata"]["idempotency_key"] for r in paid(env, "ord_1001")] == [f"refund:{refund_id}:ord_1001"]
+    reason = parked["approval"]["request"]["reason"]
+    assert "the customer confirmed the parcel never reached them, against the carrier's photo at the door" in reason
+    assert told.startswith("Thank you for your answer. A member of our team now reviews your request")
     assert done["question"]["state"] == "answered" and done["question"]["answered_via"] == "link"
     assert done["customer_message"]["about"] == "outcome" and "42.00 USD" in done["customer_message"]["text"]
 
@@ -199,7 +213,9 @@ def on_ticket(desk: EvidenceServer, ticket: int, message_key: str) -> list[dict[
     return [c for c in found["comments"] if helpdesk.marker(message_key) in c["body"]]
 
 
-def test_a_ticket_asks_on_the_ticket_and_the_customers_comment_answers_it_once(env: Env, desk: EvidenceServer) -> None:
+def test_a_ticket_asks_on_the_ticket_and_the_customers_one_comment_goes_to_a_person_who_pays_once(
+    env: Env, desk: EvidenceServer
+) -> None:
     ticket = 601 if env.backend == "sqlite" else 602
     with serving(env, desk) as svc:
         started = svc.deliver(ticket_created(ticket, "ord_1010", "The book bundle arrived broken."))
@@ -212,12 +228,16 @@ def test_a_ticket_asks_on_the_ticket_and_the_customers_comment_answers_it_once(e
         assert (first.status_code, first.json()["outcome"]) == (200, "answer_recorded"), first.text
         repeat = svc.deliver(comment_added(ticket, 9901, "Here is the photo.", [photo]))  # Zendesk's retry, signed anew
         assert repeat.json()["outcome"] == "answer_recorded" and repeat.json()["answer_status"] == 202
-        done = svc.reaches(refund_id, "completed")
+        parked = svc.reaches(refund_id, "awaiting_approval")  # a photo against a parcel still moving: a person
         second = svc.deliver(comment_added(ticket, 9902, "And another thing."))
         assert (second.json()["outcome"], second.json()["answer_status"]) == ("answer_refused", 409)
+        wait_for(lambda: on_ticket(desk, ticket, f"{refund_id}:customer:waiting"), timeout=30, what="the wait")
+        assert paid(env, "ord_1010") == []
+        done = svc.approve(refund_id, "GBP")
         outcome = f"{refund_id}:customer"
         wait_for(lambda: on_ticket(desk, ticket, outcome), timeout=30, what="the outcome on the ticket")
     assert len(paid(env, "ord_1010")) == 1
+    assert "1 photo(s) of the item (image/jpeg, 48213 bytes)" in parked["approval"]["request"]["reason"]
     assert done["question"]["answered_via"] == "helpdesk:9901"
     assert done["question"]["files"] == [{"content_type": "image/jpeg", "size": 48213, "sha256": ""}]
     assert len(on_ticket(desk, ticket, f"{refund_id}:customer:question")) == 1
@@ -292,7 +312,9 @@ def test_an_uploaded_photo_is_kept_as_an_image_and_anything_else_is_refused(env:
         assert svc.status(refund_id)["question"]["state"] == "open"
         taken = svc.http.post(path, files={"file": ("books.png", PNG, "application/octet-stream")}, data={"text": "x"})
         assert taken.status_code == 202, taken.text
-        done = svc.reaches(refund_id, "completed")
+        parked = svc.reaches(refund_id, "awaiting_approval")
+        assert paid(env, "ord_1010") == []
+        done = svc.approve(refund_id, "GBP")
         with app_db().engine.connect() as conn:
             kept = conn.execute(
                 sa.select(customer_answer_files).where(customer_answer_files.c.refund_id == refund_id)
@@ -301,6 +323,7 @@ def test_an_uploaded_photo_is_kept_as_an_image_and_anything_else_is_refused(env:
         ("image/png", len(PNG), hashlib.sha256(PNG).hexdigest(), PNG)
     ]
     assert done["question"]["files"] == [{"content_type": "image/png", "size": len(PNG), "sha256": kept[0].sha256}]
+    assert f"1 photo(s) of the item (image/png, {len(PNG)} bytes)" in parked["approval"]["request"]["reason"]
     assert len(paid(env, "ord_1010")) == 1
 
 

@@ -125,12 +125,12 @@ def test_a_stricter_finding_wins_over_a_question() -> None:
 
 ANSWERED = [
     # (claim, words, evidence without the answer, the answer, the verdict it gets)
-    ("not_received", "It never arrived.", Evidence(tracking=AT_THE_DOOR, risk=CLEAN), answer("delivery", received=False), "auto_approve"),
-    ("not_received", "It never arrived.", Evidence(tracking=AT_THE_DOOR, risk=CLEAN), answer("delivery", text="Still nothing here, I haven't received it."), "auto_approve"),
+    ("not_received", "It never arrived.", Evidence(tracking=AT_THE_DOOR, risk=CLEAN), answer("delivery", received=False), "needs_approval"),
+    ("not_received", "It never arrived.", Evidence(tracking=AT_THE_DOOR, risk=CLEAN), answer("delivery", text="Still nothing here, I haven't received it."), "needs_approval"),
     ("not_received", "It never arrived.", Evidence(tracking=AT_THE_DOOR, risk=CLEAN), answer("delivery", received=True), "refuse"),
     ("not_received", "It never arrived.", Evidence(tracking=AT_THE_DOOR, risk=CLEAN), answer("delivery", text="Sorry, my neighbour had it!"), "refuse"),
     ("not_received", "It never arrived.", Evidence(tracking=AT_THE_DOOR, risk=CLEAN), answer("delivery", text="Hello?"), "needs_approval"),
-    ("damaged", "It arrived broken.", Evidence(tracking=MOVING, risk=CLEAN), answer("photo", files=[PHOTO]), "auto_approve"),
+    ("damaged", "It arrived broken.", Evidence(tracking=MOVING, risk=CLEAN), answer("photo", files=[PHOTO]), "needs_approval"),
     ("damaged", "It arrived broken.", Evidence(tracking=MOVING, risk=CLEAN), answer("photo", files=[PAGE]), "needs_approval"),
     ("damaged", "It arrived broken.", Evidence(tracking=MOVING, risk=CLEAN), answer("photo", text="no photo, sorry"), "needs_approval"),
     ("returned", "I sent it back last week.", Evidence(returns=UNSCANNED, risk=CLEAN), answer("return_tracking", tracking_number="1Z999AA10123456784"), "needs_approval"),
@@ -143,6 +143,33 @@ def test_the_answer_is_judged_by_the_same_rules_and_nothing_is_asked_twice(
     category: ClaimCategory, words: str, evidence: Evidence, given: CustomerAnswer, kind: str
 ) -> None:
     assert judge(category, words, evidence.model_copy(update={"answer": given})) == (kind, None)
+
+
+@pytest.mark.parametrize(
+    ("category", "words", "evidence", "given", "says"),
+    [
+        ("not_received", "It never arrived.", Evidence(tracking=AT_THE_DOOR, risk=CLEAN), answer("delivery", received=False),
+         "the customer confirmed the parcel never reached them, against the carrier's photo at the door: a person weighs the two"),
+        ("damaged", "It arrived broken.", Evidence(tracking=MOVING, risk=CLEAN), answer("photo", files=[PHOTO, PHOTO]),
+         "the customer sent 2 photo(s) of the item (image/jpeg, 48213 bytes, image/jpeg, 48213 bytes) while the carrier "
+         "still shows the parcel moving: a person looks at them"),
+    ],
+)  # fmt: skip
+def test_an_answer_against_the_carriers_record_never_pays_a_person_weighs_both(
+    category: ClaimCategory, words: str, evidence: Evidence, given: CustomerAnswer, says: str
+) -> None:
+    """Words or any image cannot outweigh the carrier's record on their own, however small the refund: the person
+    reads the answer first among the reasons, with the carrier's side, and both among the findings."""
+    claim = Claim(category, evidence.model_copy(update={"answer": given}), refund_id="r1", words=read_claim(words))
+    verdict = decide(amount=Decimal("5.00"), currency="USD", order=ORDER, as_of=NOW, limits=LIMITS, claim=claim)
+    assert verdict.kind == "needs_approval" and verdict.reasons[0] == says
+    assert any("the carrier shows UPS 1Z0001" in reason for reason in verdict.reasons)
+    answered = (
+        "the customer confirmed the parcel never reached them"
+        if category == "not_received"
+        else says.split(" while")[0]
+    )
+    assert answered in verdict.findings and any(f.startswith("the carrier shows UPS 1Z0001") for f in verdict.findings)
 
 
 def test_an_answer_to_one_question_never_lets_policy_ask_another() -> None:
