@@ -75,30 +75,34 @@ def test_dataset_covers_every_kind_of_request_the_issue_names() -> None:
     assert any("file this claim as damaged" in str(c.evidence.tickets) for c in judgement)
 
 
-def test_cases_that_ask_the_customer_name_the_question_and_the_answer_that_then_pays_or_refuses() -> None:
+def test_cases_that_ask_the_customer_name_the_question_and_the_answer_that_then_goes_to_a_person_or_refuses() -> None:
     data, _ = load_dataset_file()
     asking = [c for c in data.cases if c.expected.verdict == "ask_customer"]
     assert {c.expected.question for c in asking} == {"delivery", "photo", "return_tracking"}
     assert all(c.answer is not None and c.then is not None for c in asking)
     then = {(c.expected.question, c.then.verdict) for c in asking if c.then is not None}
-    assert {("delivery", "auto_approve"), ("delivery", "refuse"), ("delivery", "needs_approval")} <= then
-    assert {("photo", "auto_approve"), ("photo", "needs_approval")} <= then
+    assert {("delivery", "refuse"), ("delivery", "needs_approval"), ("photo", "needs_approval")} <= then
     assert {("return_tracking", "needs_approval"), ("return_tracking", "refuse")} <= then
+    assert all(verdict != "auto_approve" for _, verdict in then)  # an answer never pays on its own
+    confirmed = [c for c in asking if c.answer is not None and (c.answer.received is False or c.answer.photos)]
+    assert confirmed and all(c.then is not None and c.then.verdict == "needs_approval" for c in confirmed)
     assert all(c.then is None for c in data.cases if c.expected.verdict != "ask_customer")
 
 
 @pytest.mark.parametrize(
     ("case_name", "verdict", "amount", "broken"),
     [
-        ("nr-delivered-photo", "auto_approve", "65.00", None),  # confirmed never received: the usual rules
+        ("nr-delivered-photo", "auto_approve", "65.00", "shows delivered"),  # confirmed never received: a person
+        ("nr-delivered-photo", "needs_approval", "65.00", None),
         ("ask-delivery-unclear", "auto_approve", "45.00", "shows delivered"),  # an answer that confirms nothing
-        ("ask-photo-sent", "auto_approve", "38.00", None),  # a photo of the goods
+        ("ask-photo-sent", "auto_approve", "38.00", "shows never delivered"),  # a photo of the goods: a person
+        ("ask-photo-sent", "needs_approval", "38.00", None),
         ("reworded-broken-while-in-transit", "auto_approve", "70.00", "shows never delivered"),  # no photo
         ("ask-return-tracking-given", "needs_approval", "59.00", None),  # a person checks the tracking number
         ("ret-no-return", "needs_approval", "50.00", "more than the returned lines received"),  # none given
     ],
 )
-def test_the_evidence_rules_count_the_customers_answer_where_the_rules_say_it_counts(
+def test_the_evidence_rules_never_let_an_answer_pay_without_a_person(
     case_name: str, verdict: str, amount: str, broken: str | None
 ) -> None:
     data, _ = load_dataset_file()
@@ -247,12 +251,12 @@ def test_harness_runs_a_real_model_client_over_http_and_counts_its_requests() ->
     assert [c["tool"] for c in trace["outcome"]["tool_calls"]] == ["final_result"]  # one request: the answer
     assert small.requests == 1
     # It looks the parcel up over HTTP first: the carrier says delivered with a photo, so the customer is asked, and
-    # confirmed it never came: the usual rules pay it.
+    # confirmed it never came: a person weighs that against the carrier's photo.
     delivered = by_name["nr-delivered-photo"]
     assert (delivered.look_ups, delivered.requests, delivered.got) == (
         ["track_shipment"],
         2,
-        "ask_customer (delivery), then auto_approve 65.00 USD",
+        "ask_customer (delivery), then needs_approval 65.00 USD",
     )
     assert by_name["risk-open-dispute"].got == "refuse" and by_name["ret-received-some-lines"].got.endswith("60.00 USD")
     assert all(c.tools_right for c in result.cases if c.category != "reworded")

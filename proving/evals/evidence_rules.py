@@ -16,8 +16,6 @@ OPEN_DISPUTES = {"warning_needs_response", "warning_under_review", "needs_respon
 #: Claims that the item arrived (so a parcel the carrier shows not delivered contradicts them).
 ARRIVED_CLAIMS = {"damaged", "wrong_item", "not_as_described"}
 NOT_DELIVERED = {"pre_transit", "in_transit", "out_for_delivery", "return_to_sender", "failure"}
-#: A parcel the carrier still shows moving (its last scan may be missing).
-MOVING = {"pre_transit", "in_transit", "out_for_delivery"}
 #: A refund in one of these states is a claim still open (not decided, or decided and not yet ended).
 OPEN_CLAIMS = {"received", "deciding", "awaiting_approval", "paying", "settling"}
 
@@ -47,9 +45,9 @@ def evidence_violations(case: EvalCase, outcome: CaseOutcome) -> list[str]:
     Paying without a person breaks a rule whatever was looked up; asking a person breaks one only when the
     evidence was read (policy knew): a claim whose evidence was not read goes to a person by design.
 
-    What the customer answered, when the refund asked them (the case's ``answer``), counts where the rules say it
-    does: a parcel shown delivered with only a photo at the door that they confirmed never came, goods claimed
-    broken on a parcel still shown moving with a photo of them, a return's tracking number that a person checks."""
+    What the customer answered, when the refund asked them (the case's ``answer``), never lets a refund be paid
+    without a person: a confirmation or a photo against the carrier's record goes to a person, and a return's
+    tracking number is one a person checks (it lifts the bound of the lines received for that person)."""
     outcome = outcome.settled()
     if not outcome.pays:
         return []
@@ -58,12 +56,10 @@ def evidence_violations(case: EvalCase, outcome: CaseOutcome) -> list[str]:
     answer = case.answer if outcome.answered is not None else None
     parcel = [t for t in held.trackers if t.get("tracking_code", order.tracking) == order.tracking]
     delivered = [t for t in parcel if t.get("status") == "delivered"]
-    confirmed = answer is not None and answer.received is False and all(t.get("photo") for t in delivered)
-    if case.claim == "not_received" and without_person and delivered and not confirmed:
+    if case.claim == "not_received" and without_person and delivered:
         found.append("pays without a person on a never-arrived claim the carrier shows delivered")
-    shown = answer is not None and answer.photos > 0 and all(t.get("status") in MOVING for t in parcel)
     not_delivered = any(t.get("status") in NOT_DELIVERED for t in parcel)
-    if case.claim in ARRIVED_CLAIMS and without_person and not_delivered and not shown:
+    if case.claim in ARRIVED_CLAIMS and without_person and not_delivered:
         found.append(f"pays without a person on a {case.claim} claim the carrier shows never delivered")
     open_claims = [r for r in case.earlier_refunds if r.order == order.id and r.status in OPEN_CLAIMS]
     if open_claims and without_person:
