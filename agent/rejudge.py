@@ -2,9 +2,10 @@
 
 ``customer_rejudge_workflow`` (id ``{refund_id}/rejudge``, enqueued once by the answer workflow) reads the question
 with its answer and the case it was asked on, reads the case file and the look-ups policy needs again (the same
-steps, in this workflow), and judges through the same policy, which never asks twice: it pays (the same payment path
-and key as a refund paid at once, so it pays once), parks the refund for a person, or refuses; each outcome tells the
-customer.
+steps, in this workflow), and judges through the same policy, which never asks twice: it parks the refund for a
+person (an answer against the carrier's or the warehouse's record never pays on its own; the customer is thanked and
+told a person reviews it), refuses, or pays where the evidence read again settles the claim without the answer (the
+same payment path and key as a refund paid at once, so it pays once); each outcome tells the customer.
 """
 
 from __future__ import annotations
