@@ -162,19 +162,24 @@ def test_the_conversation_shows_the_question_the_answer_and_what_it_added_escape
     with httpx.Client(base_url=server.base_url, timeout=30) as http:
         taken = http.post(path, files={"file": ("books.png", PNG, "image/png")}, data={"text": words})
     assert taken.status_code == 202, taken.text
-    reaches(server, refund_id, "completed")
+
+    def parked() -> dict[str, Any] | None:  # a photo against a parcel still moving: a person; the customer told
+        found = reaches(server, refund_id, "awaiting_approval")
+        return found if (found["customer_message"] or {}).get("about") == "waiting" else None
+
+    wait_for(parked, timeout=60, what="the refund parked with the customer told")
     talk = conversation(server, refund_id)
     assert talk["question"]["kind"] == "photo" and talk["question"]["state"] == "answered"
     turns = [(t["speaker"], t["channel"], t["about"]) for t in talk["turns"]]
     assert turns[:2] == [("customer", "api", "request"), ("agent", "email", "question")]
-    assert ("customer", "link", "answer") in turns and turns[-1] == ("agent", "email", "outcome")
+    assert ("customer", "link", "answer") in turns and turns[-1] == ("agent", "email", "waiting")
     [answer] = [t for t in talk["turns"] if t["about"] == "answer"]
     assert answer["text"] == words and answer["delivery"] is None
     assert any(d.startswith(f"image 'books.png': image/png, {len(PNG)} bytes (kept, sha256") for d in answer["details"])
     with server.signed_in("bob") as bob:  # the answer came first: a lead's move does nothing
         late = form(bob, f"/console/refunds/{refund_id}/wait", move="end", csrf=csrf_of(bob, "/console"))
     assert late.status_code == 409 and "answered by the customer" in late.text
-    assert status(server, refund_id)["status"] == "completed"
+    assert status(server, refund_id)["status"] == "awaiting_approval"
     with server.signed_in("vic") as vic:
         page = vic.get(f"/console/refunds/{refund_id}").text
     shown = page[page.index('id="conversation"') : page.index('id="deliveries"')]
