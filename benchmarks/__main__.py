@@ -1,6 +1,7 @@
-"""The benchmark suite: durability cost per refund, throughput, parked approvals, tuning, profile, round trips.
+"""The benchmark suite: durability cost per refund, throughput, parked approvals, tuning, profile, round trips,
+refunds waiting on customers beside approvers.
 
-    python -m benchmarks [--quick] [--sections cost,throughput,parked,tuning,profile,round_trips] [--rounds N] ...
+    python -m benchmarks [--quick] [--sections cost,throughput,parked,tuning,profile,round_trips,customer_waits] ...
 
 Needs the ``bench`` extra (LangGraph, its savers, matplotlib, psutil) and a Postgres server on
 127.0.0.1 (``--postgres-url``; it creates and drops its own databases). Prints Markdown tables, writes
@@ -27,7 +28,7 @@ from urllib.parse import urlsplit
 
 from benchmarks import harness
 
-SECTIONS = ("cost", "throughput", "parked", "tuning", "profile", "round_trips")
+SECTIONS = ("cost", "throughput", "parked", "tuning", "profile", "round_trips", "customer_waits")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -59,6 +60,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=900.0,
         help="seconds to wait for a chunk to park or complete (at least 0.5 s per refund)",
     )
+    p.add_argument(
+        "--customer-waits",
+        type=int,
+        help="customer_waits: refunds waiting on customers, and as many on approvers (default 2000; quick 10)",
+    )
     p.add_argument("--tuning-rounds", type=int, help="rounds per tuning knob (default 3, quick 2)")
     p.add_argument("--tuning-only", help="only knobs whose name contains this")
     p.add_argument("--profile-refunds", type=int, help="refunds profiled per backend (default 20)")
@@ -87,6 +93,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.expiry_probes = args.expiry_probes or (3 if q else 10)
     if args.expiry_timeout is None and q:
         args.expiry_timeout = 15.0
+    args.customer_waits = args.customer_waits or (10 if q else 2000)
     args.tuning_rounds = args.tuning_rounds or (2 if q else 3)
     args.profile_refunds = args.profile_refunds or (5 if q else 20)
     args.rt_rounds = args.rt_rounds or (2 if q else 5)
@@ -105,7 +112,7 @@ def _per_level(base: int, concurrency: int) -> int:
 
 
 async def run(args: argparse.Namespace, sandbox_url: str, workdir: Path) -> dict[str, Any]:
-    from benchmarks import cost, parked, profile, round_trips, throughput, tuning
+    from benchmarks import cost, parked, parked_customers, profile, round_trips, throughput, tuning
 
     results: dict[str, Any] = {}
     common = {"server": args.postgres_url, "sandbox_url": sandbox_url, "workdir": workdir}
@@ -137,6 +144,17 @@ async def run(args: argparse.Namespace, sandbox_url: str, workdir: Path) -> dict
                     expiry_n=args.expiring,
                     expiry_timeout=args.expiry_timeout,
                     expiry_probes=args.expiry_probes,
+                    timeout=args.parked_timeout,
+                    **common,
+                )
+            )
+        elif section == "customer_waits":
+            results["customer_waits"] = await harness.off_loop(
+                lambda: parked_customers.run_or_error(
+                    n=args.customer_waits,
+                    chunk=args.parked_chunk,
+                    restarts=args.restarts,
+                    idle_seconds=args.idle_seconds,
                     timeout=args.parked_timeout,
                     **common,
                 )

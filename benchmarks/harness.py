@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, TypeVar
@@ -49,6 +49,10 @@ BACKENDS = ("postgres", "sqlite")
 BENCH_ORDERS = [f"ord_bench_{i:02d}" for i in range(16)]
 AUTO_AMOUNT = Decimal("0.01")  # paid at once (auto-approve limit 100.00)
 APPROVAL_AMOUNT = Decimal("150.00")  # above the auto-approve limit: waits for a person
+#: Orders whose parcel the carrier shows delivered with a photo at the door (the evidence sandbox ``evidence_sandbox``
+#: starts): a claim that it never arrived asks the customer to confirm (question ``delivery``).
+SHIPPED_ORDERS = [f"ord_bench_ship_{i:02d}" for i in range(16)]
+SHIPPED_DAYS_AGO = 5  # paid then; delivered two days later
 
 
 def admin_url(server: str) -> str:
@@ -132,10 +136,63 @@ def sandbox(workdir: Path) -> Iterator[str]:
 
 def add_bench_charges(sandbox_url: str) -> None:
     """The benchmark orders' charges at the sandbox (it starts with the demo orders' only)."""
-    new = [{"id": f"ch_{order_id}", "amount": 100_000_000 - 1, "currency": "usd"} for order_id in BENCH_ORDERS]
+    new = [
+        {"id": f"ch_{order_id}", "amount": 100_000_000 - 1, "currency": "usd"}
+        for order_id in [*BENCH_ORDERS, *SHIPPED_ORDERS]
+    ]
     httpx.post(
         f"{sandbox_url}/_sandbox/charges", json=new, headers={"Authorization": "Bearer sk_test_bench"}, timeout=30
     ).raise_for_status()
+
+
+def tracking_code(order_id: str) -> str:
+    return f"9400100000{order_id.removeprefix('ord_bench_ship_'):0>12}"
+
+
+def _delivered_with_photo(order_id: str) -> dict[str, Any]:
+    """The carrier's tracker of a shipped benchmark order, in the evidence sandbox's seed format."""
+
+    def event(days_ago: float, status: str, message: str) -> dict[str, Any]:
+        return {"at": {"days": -days_ago}, "status": status, "message": message, "city": "Chicago", "country": "US"}
+
+    paid = SHIPPED_DAYS_AGO
+    return {
+        "carrier": "USPS",
+        "tracking_code": tracking_code(order_id),
+        "status": "delivered",
+        "status_detail": "arrived_at_destination",
+        "photo": True,
+        "events": [
+            event(paid - 0.1, "pre_transit", "Shipping label created"),
+            event(paid - 0.6, "in_transit", "Accepted at origin facility"),
+            event(paid - 1.8, "out_for_delivery", "Out for delivery"),
+            event(paid - 2.0, "delivered", "Delivered"),
+        ],
+    }
+
+
+@contextmanager
+def evidence_sandbox(workdir: Path) -> Iterator[int]:
+    """The evidence sandbox (carrier, returns, helpdesk) as its own process, serving the shipped benchmark orders'
+    trackers; its port, for ``EVIDENCE_SANDBOX_PORT`` (a worker with no evidence base URL set reads it there)."""
+    port = free_port()
+    log = (workdir / f"evidence-{port}.log").open("ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent.cli", "sandbox-evidence", "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "REFUND_AGENT_DATA_DIR": str(workdir / "sandbox-data")},
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: http_ok(f"{base}/_sandbox/healthz"), timeout=60, what="the evidence sandbox")
+        seed = {"trackers": [_delivered_with_photo(order_id) for order_id in SHIPPED_ORDERS]}
+        admin = {"Authorization": "Bearer bench-admin"}  # the local sandbox takes any non-empty credential
+        httpx.put(f"{base}/_sandbox/data", json=seed, headers=admin, timeout=30).raise_for_status()
+        yield port
+    finally:
+        stop(proc, 20)
+        log.close()
 
 
 def sandbox_ledger(workdir: Path, sandbox_url: str) -> Path:
@@ -217,11 +274,12 @@ def seed_orders() -> None:
 def _seed_bench_orders(engine: sa.Engine) -> None:
     now = datetime.now(UTC)
     with engine.begin() as conn:
-        for order_id in BENCH_ORDERS:
+        for order_id in [*BENCH_ORDERS, *SHIPPED_ORDERS]:
             if conn.execute(sa.select(orders.c.order_id).where(orders.c.order_id == order_id)).first():
                 continue
             if not conn.execute(sa.select(customers.c.customer_id).where(customers.c.customer_id == "cus_ada")).first():
                 raise RuntimeError("demo customers are missing")
+            shipped = order_id in SHIPPED_ORDERS
             conn.execute(
                 orders.insert().values(
                     order_id=order_id,
@@ -230,10 +288,12 @@ def _seed_bench_orders(engine: sa.Engine) -> None:
                     amount_captured_minor=100_000_000,
                     amount_refunded_minor=0,
                     status="paid",
-                    paid_at=now,
+                    paid_at=now - timedelta(days=SHIPPED_DAYS_AGO) if shipped else now,
                     charge_id=f"ch_{order_id}",
                     items=["Benchmark item"],
                     notes="",
+                    carrier="USPS" if shipped else "",
+                    tracking_code=tracking_code(order_id) if shipped else "",
                 )
             )
 

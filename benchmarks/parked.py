@@ -26,23 +26,22 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import psutil
-import psycopg
 from dbos import DBOSClient
 
-from agent import approvals, status
+from agent import approvals, questions, status
 from benchmarks import harness, parked_expiry, wake_latency
-from benchmarks.harness import APPROVAL_AMOUNT, AUTO_AMOUNT, Databases
+from benchmarks.harness import APPROVAL_AMOUNT, AUTO_AMOUNT
 from benchmarks.identities import BENCH_APPROVER
 from benchmarks.parked_common import (
+    ASK_AMOUNT,
     Store,
     Worker,
     await_ended,
+    idle_sample,
     latency_summary,
     opened,
     probe_auto,
@@ -50,13 +49,15 @@ from benchmarks.parked_common import (
     worker_env,
 )
 
+#: What a refund of each kind asks for: paid at once, parked for a person, or (on a shipped order) asking its customer.
+AMOUNTS = {"auto": AUTO_AMOUNT, "park": APPROVAL_AMOUNT, "ask": ASK_AMOUNT}
 
-def _chunk(client: DBOSClient, store: Store, kind: str, keys: list[str], timeout: float) -> dict[str, Any]:
-    """Submit ``keys`` back to back and wait for all their deciding workflows to end."""
-    amount = AUTO_AMOUNT if kind == "auto" else APPROVAL_AMOUNT
+
+def chunk_of(client: DBOSClient, store: Store, kind: str, keys: list[str], timeout: float) -> dict[str, Any]:
+    """Submit ``keys`` of one kind back to back and wait for all their deciding workflows to end."""
     first = time.time()
     for i, key in enumerate(keys):
-        submit(client, key, amount, i)
+        submit(client, key, AMOUNTS[kind], i, ask=kind == "ask")
     submitted = time.time() - first
     ended = await_ended(store, keys, timeout, interval=0.5)
     took = max(ended.values(), default=first) - first
@@ -71,38 +72,49 @@ def _chunk(client: DBOSClient, store: Store, kind: str, keys: list[str], timeout
     }
     if kind == "park":
         out["deadlines"] = dict(store.statuses([approvals.deadline_id(k) for k in keys]))
+    elif kind == "ask":  # waiting on the customer: the question open, its reminder and deadline DELAYED
+        out["questions"] = dict(store.questions(keys))
+        out["timers"] = dict(store.statuses([t(k) for k in keys for t in (questions.reminder_id, questions.expiry_id)]))
     return out
 
 
-def _throughput(client: DBOSClient, store: Store, worker: Worker, n: int, chunk: int, timeout: float) -> dict[str, Any]:
-    """Alternate auto-approved and parking chunks (which goes first alternates too) until ``n`` are parked."""
+def throughput(
+    client: DBOSClient,
+    store: Store,
+    worker: Worker,
+    n: int,
+    chunk: int,
+    timeout: float,
+    kinds: tuple[str, ...] = ("auto", "park"),
+    tag: str = "",
+) -> dict[str, Any]:
+    """A chunk of each kind per round (which goes first rotates by round) until ``n`` are parked (of the last kind).
+
+    Keys are ``{tag}n{n}-{kind}-{round}-{i}``; per kind, the median chunk's rate and the overall rate."""
     chunks: list[dict[str, Any]] = []
     parked: list[str] = []
     t0, r = time.time(), 0
     while len(parked) < n:
         size = min(chunk, n - len(parked))
-        for kind in ("auto", "park") if r % 2 == 0 else ("park", "auto"):
-            keys = [f"n{n}-{kind}-{r:03d}-{i:05d}" for i in range(size)]
-            chunks.append(_chunk(client, store, kind, keys, timeout))
-            if kind == "park":
+        for kind in kinds[r % len(kinds) :] + kinds[: r % len(kinds)]:
+            keys = [f"{tag}n{n}-{kind}-{r:03d}-{i:05d}" for i in range(size)]
+            chunks.append(chunk_of(client, store, kind, keys, timeout))
+            if kind == kinds[-1]:
                 parked += keys
-        print(f"    {len(parked):,}/{n:,} parked", flush=True)
+        print(f"    {tag}{len(parked):,}/{n:,} of each waiting", flush=True)
         r += 1
+    out: dict[str, Any] = {"chunk": chunk, "chunks": chunks}
+    for kind in kinds:
+        rates = [c["per_s"] for c in chunks if c["kind"] == kind and c["per_s"]]
+        total, seconds = (sum(c[k] for c in chunks if c["kind"] == kind) for k in ("n", "s"))
+        out[f"{kind}_per_s"] = harness.median(rates)
+        out[f"{kind}_overall_per_s"] = harness.ratio(total, seconds)
+    if "auto" in kinds:
+        out["park_vs_auto"] = harness.ratio(out["park_per_s"], out["auto_per_s"])
     sample = parked if len(parked) <= 100 else random.Random(n).sample(parked, 100)
-    rates = {kind: [c["per_s"] for c in chunks if c["kind"] == kind and c["per_s"]] for kind in ("auto", "park")}
-    totals = {kind: sum(c["n"] for c in chunks if c["kind"] == kind) for kind in ("auto", "park")}
-    seconds = {kind: sum(c["s"] for c in chunks if c["kind"] == kind) for kind in ("auto", "park")}
-    return {
-        "chunk": chunk,
-        "chunks": chunks,
-        "auto_per_s": harness.median(rates["auto"]),
-        "park_per_s": harness.median(rates["park"]),
-        "park_vs_auto": harness.ratio(harness.median(rates["park"]), harness.median(rates["auto"])),
-        "auto_overall_per_s": harness.ratio(totals["auto"], seconds["auto"]),
-        "park_overall_per_s": harness.ratio(totals["park"], seconds["park"]),
-        "status_parked_sample": [len(sample), sum(status.parked(client, i) is not None for i in sample)],
-        "full_gc": worker.pauses(t0, time.time()),
-    }
+    out["status_parked_sample"] = [len(sample), sum(status.parked(client, i) is not None for i in sample)]
+    out["full_gc"] = worker.pauses(t0, time.time())
+    return out
 
 
 def _restart(
@@ -124,46 +136,6 @@ def _restart(
     sample["new_refund_s"] = probe_auto(client, store, key)
     sample.update(idle(new))  # a new worker that has run one refund, whatever is parked
     return new, sample
-
-
-def _postgres_backends(server: str, dbs: Databases) -> list[psutil.Process]:
-    with psycopg.connect(harness.admin_url(server), autocommit=True) as conn:
-        rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = ANY(%s)", (dbs.pg_names,)).fetchall()
-    found = []
-    for (pid,) in rows:
-        try:
-            found.append(psutil.Process(pid))
-        except psutil.Error:
-            continue
-    return found
-
-
-def _cpu(processes: Sequence[psutil.Process]) -> dict[int, float]:
-    out = {}
-    for p in processes:
-        try:
-            t = p.cpu_times()
-            out[p.pid] = t.user + t.system
-        except psutil.Error:  # a backend that went away
-            continue
-    return out
-
-
-def _idle(worker: Worker, server: str, dbs: Databases, seconds: float) -> dict[str, Any]:
-    """With nothing to do: the CPU of the worker and of the run's Postgres backends over ``seconds``, the RSS."""
-    time.sleep(3.0)  # the probe's connections and the new process settle
-    backends = _postgres_backends(server, dbs)
-    w0, b0, t0 = worker.cpu_seconds(), _cpu(backends), time.monotonic()
-    time.sleep(seconds)
-    w1, b1, t1 = worker.cpu_seconds(), _cpu(backends), time.monotonic()
-    return {
-        "idle_s": t1 - t0,
-        "worker_cpu_pct": (w1 - w0) / (t1 - t0) * 100,
-        "postgres_cpu_pct": sum(b1[pid] - b0[pid] for pid in b1 if pid in b0) / (t1 - t0) * 100,
-        "postgres_backends": len(backends),
-        "rss_mb": worker.rss_mb(),
-        "threads": worker.threads(),
-    }
 
 
 def _approve_in_worker(worker: Worker, ids: list[str], rate: float) -> dict[str, float]:
@@ -247,12 +219,12 @@ def run_count(
             with opened(dbs, workdir) as (store, client):
                 probe_auto(client, store, f"n{n}-warm-up")  # the first refund pays this process's warm-up
                 if n:
-                    out["throughput"] = _throughput(client, store, worker, n, chunk, timeout)
+                    out["throughput"] = throughput(client, store, worker, n, chunk, timeout)
                     out["rss_after_parking_mb"] = worker.rss_mb()
                 samples = []
 
                 def idle(w: Worker) -> dict[str, Any]:
-                    return _idle(w, server, dbs, idle_seconds)
+                    return idle_sample(w, server, dbs, idle_seconds)
 
                 for r in range(restarts):
                     worker, sample = _restart(worker, store, client, env, log, f"n{n}-restart-{r}", idle)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import psycopg
 import sqlalchemy as sa
 from dbos import DBOSClient
 
@@ -39,6 +40,9 @@ from steps.store import create_engine, utc
 EXECUTOR = "bench-parked"  # every worker of a run has this id: a restart is the same executor
 WAKE_WORKFLOW = "bench_wake_workflow"  # registered by the worker (benchmarks.parked_worker)
 TERMINAL = ("SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED")
+#: A claim on a shipped benchmark order that the carrier shows delivered with a photo: policy asks the customer.
+ASK_MESSAGE = "My parcel never arrived."
+ASK_AMOUNT = Decimal("42.00")  # under the auto-approve limit: the evidence, not the amount, decides
 
 
 class Worker:
@@ -176,6 +180,21 @@ class Store:
         rows = self._rows(self.app, "SELECT status FROM refunds WHERE refund_id IN :ids", ids)
         return Counter(r.status for r in rows)
 
+    def questions(self, ids: Sequence[str] | None = None) -> Counter[str]:
+        """The customer questions of these refunds (of every refund: None) by ``{question}:{state}``
+        (``delivery:open``, ...)."""
+        query = "SELECT question || ':' || state AS kind, count(*) AS n FROM customer_questions"
+        if ids is None:
+            rows = self._rows(self.app, query + " GROUP BY question, state")
+        else:
+            rows = self._rows(self.app, query + " WHERE refund_id IN :ids GROUP BY question, state", ids)
+        return Counter({r.kind: r.n for r in rows})
+
+    def all_refund_rows(self) -> Counter[str]:
+        return Counter(
+            {r.status: r.n for r in self._rows(self.app, "SELECT status, count(*) AS n FROM refunds GROUP BY status")}
+        )
+
     def decisions(self, ids: Sequence[str]) -> Counter[str]:
         rows = self._rows(self.app, "SELECT decision FROM approval_decisions WHERE refund_id IN :ids", ids)
         return Counter(r.decision for r in rows)
@@ -217,10 +236,12 @@ def opened(dbs: Databases, workdir: Path) -> Iterator[tuple[Store, DBOSClient]]:
             store.app.dispose()
 
 
-def submit(client: DBOSClient, key: str, amount: Decimal, i: int = 0) -> float:
-    """Submit one refund the product's way (``POST /refunds`` calls ``submit_refund``); when it was sent."""
-    order = harness.BENCH_ORDERS[i % len(harness.BENCH_ORDERS)]
-    request = RefundRequest(order_id=order, message="Please refund.", amount=amount, currency="USD")
+def submit(client: DBOSClient, key: str, amount: Decimal, i: int = 0, *, ask: bool = False) -> float:
+    """Submit one refund the product's way (``POST /refunds`` calls ``submit_refund``); when it was sent.
+    ``ask``: the claim that the parcel never came, on a shipped order (its customer is asked to confirm)."""
+    orders = harness.SHIPPED_ORDERS if ask else harness.BENCH_ORDERS
+    message = ASK_MESSAGE if ask else "Please refund."
+    request = RefundRequest(order_id=orders[i % len(orders)], message=message, amount=amount, currency="USD")
     sent = time.time()
     submit_refund(client, idempotency_key=key, request=request, requester=BENCH_REQUESTER)
     return sent
@@ -256,3 +277,43 @@ def probe_auto(client: DBOSClient, store: Store, key: str, timeout: float = 120)
     sent = submit(client, key, harness.AUTO_AMOUNT)
     ended = await_ended(store, [key], timeout, interval=0.05)
     return ended[key] - sent if key in ended else None
+
+
+def _postgres_backends(server: str, dbs: Databases) -> list[psutil.Process]:
+    with psycopg.connect(harness.admin_url(server), autocommit=True) as conn:
+        rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = ANY(%s)", (dbs.pg_names,)).fetchall()
+    found = []
+    for (pid,) in rows:
+        try:
+            found.append(psutil.Process(pid))
+        except psutil.Error:
+            continue
+    return found
+
+
+def _cpu(processes: Sequence[psutil.Process]) -> dict[int, float]:
+    out = {}
+    for p in processes:
+        try:
+            t = p.cpu_times()
+            out[p.pid] = t.user + t.system
+        except psutil.Error:  # a backend that went away
+            continue
+    return out
+
+
+def idle_sample(worker: Worker, server: str, dbs: Databases, seconds: float) -> dict[str, Any]:
+    """With nothing to do: the CPU of the worker and of the run's Postgres backends over ``seconds``, the RSS."""
+    time.sleep(min(3.0, seconds))  # the probe's connections and the new process settle
+    backends = _postgres_backends(server, dbs)
+    w0, b0, t0 = worker.cpu_seconds(), _cpu(backends), time.monotonic()
+    time.sleep(seconds)
+    w1, b1, t1 = worker.cpu_seconds(), _cpu(backends), time.monotonic()
+    return {
+        "idle_s": t1 - t0,
+        "worker_cpu_pct": (w1 - w0) / (t1 - t0) * 100,
+        "postgres_cpu_pct": sum(b1[pid] - b0[pid] for pid in b1 if pid in b0) / (t1 - t0) * 100,
+        "postgres_backends": len(backends),
+        "rss_mb": worker.rss_mb(),
+        "threads": worker.threads(),
+    }

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from benchmarks import report_parked
+from benchmarks import parked_customers, report_parked
 from benchmarks.cost import APPROVAL_PATH, LABELS, RECV_LABELS
 from benchmarks.harness import fmt
 
@@ -255,7 +255,7 @@ def plots(results: dict[str, Any], out_dir: Path, stamp: str) -> list[str]:
     return names
 
 
-SECTIONS = ("cost", "throughput", "parked", "tuning", "profile", "round_trips")
+SECTIONS = ("cost", "throughput", "parked", "tuning", "profile", "round_trips", "customer_waits")
 
 
 def _run_line(meta: dict[str, Any], json_name: str) -> str:
@@ -324,6 +324,9 @@ def _sections(results: dict[str, Any], png_names: list[str]) -> list[str]:
     if "round_trips" in results:
         lines += ["#### 5. Round trips per refund (a model answering in 500 ms)", ""]
         lines += [*round_trip_tables(results["round_trips"]), ""]
+    if "customer_waits" in results:
+        lines += ["#### 6. Waiting on customers beside approvers (Postgres, one worker)", ""]
+        lines += [*parked_customers.tables(results["customer_waits"]), ""]
     if "profile" in results:
         lines += ["#### Profile of a DBOS refund (cProfile)", "", *profile_table(results["profile"]), ""]
     return lines

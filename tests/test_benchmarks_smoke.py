@@ -52,11 +52,13 @@ def test_benchmark_suite_writes_results(tmp_path: Path) -> None:
     assert "Durability cost per refund" in stdout
 
 
-def test_parked_section_parks_restarts_approves_and_expires(tmp_path: Path) -> None:
-    args = ["--sections", "parked", "--parked", "0,6", "--parked-chunk", "3", "--restarts", "1"]
+def test_parked_sections_park_ask_restart_approve_and_expire(tmp_path: Path) -> None:
+    args = ["--sections", "parked,customer_waits", "--parked", "0,6", "--parked-chunk", "3", "--restarts", "1"]
     args += ["--idle-seconds", "1", "--approvals", "2", "--wakes", "2"]
-    args += ["--expiring", "4", "--expiry-timeout", "12", "--expiry-probes", "1"]
-    results, stdout = _run_suite(tmp_path, args, timeout=280)
+    args += ["--expiring", "4", "--expiry-timeout", "12", "--expiry-probes", "1", "--customer-waits", "3"]
+    results, stdout = _run_suite(tmp_path, args, timeout=360)
+    _customer_waits_are_rows(results["customer_waits"])
+    assert "Waiting on customers beside approvers" in stdout
     parked = results["parked"]
     runs = {run["parked"]: run for run in parked["runs"]}
     assert set(runs) == {0, 6} and all("error" not in run for run in runs.values()), runs
@@ -90,3 +92,38 @@ def test_parked_section_parks_restarts_approves_and_expires(tmp_path: Path) -> N
     assert expiry["probes_paid"] >= 1
     assert list(tmp_path.glob("suite-parked-*.png"))
     assert "Parked approvals" in stdout and "| target | measured |" in stdout
+
+
+def _customer_waits_are_rows(section: dict[str, Any]) -> None:
+    """3 refunds waiting on their customers beside 3 on approvers, against 3 on approvers and none."""
+    assert "error" not in section, section
+    arms = {arm["arm"]: arm for arm in section["arms"]}
+    assert {name: (a["customers"], a["approvers"]) for name, a in arms.items()} == {
+        "none": (0, 0),
+        "approvers": (0, 3),
+        "both": (3, 3),
+    }
+    # Each asking chunk waits on its customers: the refunds' rows, the questions open, reminder and deadline DELAYED.
+    chunks = arms["both"]["throughput"]["chunks"]
+    assert sorted(c["kind"] for c in chunks) == ["ask", "park"]
+    for chunk in chunks:
+        assert chunk["not_ended"] == 0
+        if chunk["kind"] == "ask":
+            assert chunk["rows"] == {"awaiting_customer": 3}
+            assert (chunk["questions"], chunk["timers"]) == ({"delivery:open": 3}, {"DELAYED": 6})
+        else:
+            assert (chunk["rows"], chunk["deadlines"]) == ({"awaiting_approval": 3}, {"DELAYED": 3})
+    # Still waiting after the restarts: two timers per wait, nothing PENDING; every restart's new refund paid.
+    delayed = {"none": 0, "approvers": 6, "both": 12}
+    for name, arm in arms.items():
+        end = arm["waiting_at_end"]
+        assert (end["delayed"], end["pending"]) == (delayed[name], 0)
+        assert end["questions"] == ({"delivery:open": 3} if name == "both" else {})
+        assert end["refund_rows"].get("awaiting_customer", 0) == arm["customers"]
+        assert end["refund_rows"].get("awaiting_approval", 0) == arm["approvers"]
+        [sample] = arm["restarts"]["samples"]
+        assert (sample["pending_at_restart"], sample["delayed_at_restart"]) == (0, delayed[name])
+        assert sample["open_questions_at_restart"] == arm["customers"]
+        assert sample["new_refund_s"] is not None and sample["rss_mb"] > 0 and sample["worker_cpu_pct"] >= 0
+    assert set(section["ratios"]) == {"approvers_vs_none", "both_vs_none", "both_vs_approvers"}
+    assert all(r["new_refund_s"] is not None for r in section["ratios"].values())
