@@ -51,6 +51,7 @@ API_KEY = "sk_test_suite"
 LONGEST_FIRST = [
     "test_crash_matrix.py",
     "test_crash_settling.py",
+    "test_crash_questions.py",
     "test_docs.py",
     "test_http.py",
     "test_scale.py",
@@ -60,6 +61,7 @@ LONGEST_FIRST = [
     "test_evals.py",
     "test_chaos.py",
     "test_console.py",
+    "test_customer_questions.py",
     "test_tools.py",
     "test_workflow.py",
     "test_dbos_cli.py",
