@@ -129,13 +129,14 @@ def test_a_model_that_obeys_the_customer_is_held_to_the_requested_amount(env: En
     assert env.sandbox.refunds() == []
 
 
-def test_a_model_over_http_looks_up_the_tracking_of_a_never_arrived_claim_and_a_person_decides(env: Env) -> None:
+def test_a_model_over_http_looks_up_the_tracking_of_a_never_arrived_claim_and_the_customer_is_asked(env: Env) -> None:
     """The scripted server calls the look-up the claim needs before answering; the carrier shows the parcel
-    delivered (the demo's evidence), so policy parks it for a person instead of paying."""
+    delivered with a photo at the door (the demo's evidence), so policy asks the customer to confirm instead of
+    paying."""
     model = ScriptedModel()
     outcome, _ = run_refund(env, model, "ord_1001", "real-model-tracks", message="My parcel never arrived.")
     assert model.requests["ord_1001"] == 2  # the look-up, then the answer
-    assert outcome["status"] == "awaiting_approval", outcome
+    assert (outcome["status"], outcome["question"]) == ("awaiting_customer", "delivery"), outcome
     assert env.sandbox.refunds("ch_ord_1001") == []
     category, evidence = outcome["claim_row"]
     assert category == "not_received"
