@@ -13,7 +13,7 @@ from dbos import DBOSClient
 
 from agent import approvals, runtime
 from agent.approvals import family
-from agent.ops.processes import child_env, spawn, stop
+from agent.ops.processes import child_env, spawn
 from agent.settlement import settlement_prefix
 from agent.status import wait_for_outcome
 from sandbox.model import FakeOpenAIServer, ScriptedModel
@@ -64,8 +64,10 @@ class Cluster:
         return wait_for_outcome(self.client, refund_id, timeout=timeout)
 
     def close(self) -> None:
-        for proc in self.procs:
-            stop(proc)
+        for proc in self.procs:  # killed, not stopped: what a crash test proves is done, and nothing waits for a drain
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         self.client.destroy()
         close_app_database()
 

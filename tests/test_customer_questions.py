@@ -151,13 +151,17 @@ def test_a_parcel_shown_delivered_asks_the_customer_waits_as_rows_and_their_answ
     with serving(env, desk) as svc:
         refund_id = svc.submit("ask-link-0001", "ord_1001", "My parcel never arrived.")
         path = asked(svc, refund_id, "delivery")
-        view = svc.status(refund_id)
+        resting = {refund_id: "SUCCESS", reminder_id(refund_id): "DELAYED", expiry_id(refund_id): "DELAYED"}
+
+        def at_rest() -> dict[str, Any] | None:  # the deciding run ends a moment after its last step, the question
+            found = svc.status(refund_id)
+            return found if {w["workflow_id"]: w["status"] for w in found["workflows"]} == resting else None
+
+        # Nothing resident while it waits: the deciding run ended; the reminder and the deadline are DELAYED rows.
+        view = wait_for(at_rest, timeout=30, what="the deciding run to end, leaving two DELAYED timers")
         question = view["question"]
         assert question["asked_at"] < question["remind_at"] < question["expires_at"]
         assert view["customer_message"]["about"] == "question"
-        # Nothing resident while it waits: the deciding run ended; the reminder and the deadline are DELAYED rows.
-        runs = {w["workflow_id"]: w["status"] for w in view["workflows"]}
-        assert runs == {refund_id: "SUCCESS", reminder_id(refund_id): "DELAYED", expiry_id(refund_id): "DELAYED"}
         # Due at the deadline: its delay is counted from the recorded question, so it falls due a moment after it.
         due = datetime.fromisoformat(question["deadline"]["due_at"]) - datetime.fromisoformat(question["expires_at"])
         assert question["deadline"]["status"] == "DELAYED" and 0 <= due.total_seconds() < 5
