@@ -32,19 +32,32 @@ def answers(url: str) -> bool:
         return False
 
 
+def _up_or_exited(proc: subprocess.Popen[bytes], base: str) -> bool:
+    """True once it answers; False when it exited first."""
+    wait_for(lambda: answers(f"{base}/v1/balance") or proc.poll() is not None, timeout=30, what="localstripe")
+    return proc.poll() is None
+
+
+def _started(log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """localstripe on a free port; on another one when something took that port first (it exits: address in use)."""
+    for _ in range(5):
+        port = free_port()
+        with log.open("ab") as out:
+            command = [str(Path(sys.executable).parent / "localstripe"), "--port", str(port)]
+            proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        base = f"http://127.0.0.1:{port}"
+        if _up_or_exited(proc, base):
+            return proc, base
+    raise AssertionError(f"localstripe did not start:\n{log.read_text(errors='replace')[-2000:]}")
+
+
 @pytest.fixture
 def localstripe(tmp_path: Path) -> Iterator[str]:
-    port = free_port()
-    log = (tmp_path / "localstripe.log").open("wb")
-    command = [str(Path(sys.executable).parent / "localstripe"), "--port", str(port)]
-    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
+    proc, base = _started(tmp_path / "localstripe.log")
     try:
-        wait_for(lambda: answers(f"{base}/v1/balance"), timeout=30, what="localstripe")
         yield base
     finally:
         stop(proc, 10)
-        log.close()
 
 
 def charge(base: str, amount: int, currency: str) -> str:
