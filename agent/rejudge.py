@@ -23,14 +23,13 @@ from agent.ops.offloop import call
 from agent.policy import Claim, Limits
 from agent.questions import REJUDGE_WORKFLOW, TO_PERSON_REASON
 from agent.whole_case import case_claim, complete_case
-from agent.workflow import evidence_decided, finish, park, pay, policy_verdict, refuse
+from agent.workflow import evidence_decided, finish, park, policy_verdict, refuse, reserve_and_pay
 from steps.evidence import CustomerAnswer, Evidence
 from steps.faults import crash_point
 from steps.orders import review_case_step
 from steps.outside_refunds import outside_refunds_step
 from steps.questions import lead_of_step, question_case_step
 from steps.records import CaseFile
-from steps.reservations import record_verdict_and_reserve_step
 
 
 @DBOS.workflow(name=REJUDGE_WORKFLOW)
@@ -63,16 +62,7 @@ async def customer_rejudge_workflow(refund_id: str) -> dict[str, Any]:
         "evidence": claim.evidence.model_dump(mode="json"),
     }
     if verdict.kind == "auto_approve":
-        plan = await call(
-            record_verdict_and_reserve_step,
-            refund_id,
-            req.order_id,
-            **record,
-            amount=verdict.amount,
-            currency=verdict.currency,
-            open_claims_allowed=rt.limits.order_max_open_claims,
-        )
-        return await pay(rt, refund_id, verdict.amount, verdict.currency, plan, draft=None)
+        return await reserve_and_pay(rt, refund_id, req.order_id, verdict, record, draft=None)
     if verdict.kind == "refuse":
         return await refuse(refund_id, verdict, record)
     return await park(rt, refund_id, verdict, told, record, answered=found.question.answer is not None)

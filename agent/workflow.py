@@ -76,6 +76,22 @@ async def refund_workflow(refund_id: str, request: dict[str, Any]) -> dict[str, 
     return await act_on(rt, refund_id, req, run.output, case.snapshot, usage, claim=claim, whole_case=whole)
 
 
+async def reserve_and_pay(
+    rt: Runtime, refund_id: str, order_id: str, verdict: Verdict, record: dict[str, Any], *, draft: str | None
+) -> dict[str, Any]:
+    """Record the verdict and reserve its amount in one step, then pay it under the refund's key."""
+    plan = await call(
+        record_verdict_and_reserve_step,
+        refund_id,
+        order_id,
+        **record,
+        amount=verdict.amount,
+        currency=verdict.currency,
+        open_claims_allowed=rt.limits.order_max_open_claims,
+    )
+    return await pay(rt, refund_id, verdict.amount, verdict.currency, plan, draft=draft)
+
+
 async def undecided(rt: Runtime, refund_id: str, error: Exception, usage: RunUsage) -> dict[str, Any]:
     log.error("refund %s: the agent could not decide: %s", refund_id, type(error).__name__)
     detail = f"the agent could not decide ({type(error).__name__}); fork the workflow to retry"
@@ -164,16 +180,7 @@ async def act_on(
         proposal = evidence_decided(proposal, judged)
     verdict = judged
     if verdict.kind == "auto_approve":  # nothing to wait for: the verdict and the reservation commit together
-        plan = await call(
-            record_verdict_and_reserve_step,
-            refund_id,
-            req.order_id,
-            **record,
-            amount=verdict.amount,
-            currency=verdict.currency,
-            open_claims_allowed=rt.limits.order_max_open_claims,
-        )
-        return await pay(rt, refund_id, verdict.amount, verdict.currency, plan, draft=proposal.customer_reply)
+        return await reserve_and_pay(rt, refund_id, req.order_id, verdict, record, draft=proposal.customer_reply)
     # A refusal tells the customer why in plain words (or, where the evidence decided, policy's note): the model's
     # draft was written before policy judged it and may promise a review that never comes.
     if verdict.kind == "refuse" and legacy:  # as recorded before record_refusal: two steps
