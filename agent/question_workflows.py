@@ -8,6 +8,7 @@ and enqueues the second judgement (``{refund_id}/rejudge``, agent/rejudge.py), t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -46,9 +47,14 @@ from steps.questions import (
     expire_question_step,
     lead_step,
     open_question_step,
+    question_of,
     record_answer_step,
     remind_question_step,
 )
+from steps.store import app_db
+
+#: A lead's moves on a wait as the console's form and the API name them -> the question's state each leaves.
+LEAD_MOVES: dict[str, LeadMove] = {"end": "ended", "person": "to_person"}
 
 
 def link_for(rt: Runtime, refund_id: str, question: str, expires_at: datetime) -> str:
@@ -172,6 +178,28 @@ def lead_here(refund_id: str, move: LeadMove, operator: str, question: QuestionK
         handle = DBOS.start_workflow(customer_wait_lead_workflow, refund_id, move, operator, question)
     result: dict[str, Any] = handle.get_result()
     return result
+
+
+@dataclass(frozen=True)
+class WaitMove:
+    """What a lead's move on a wait came to: ``done``, or the question's state that stands instead (answered,
+    expired, or moved before)."""
+
+    done: bool
+    state: str
+
+
+def move_wait_here(refund_id: str, move: str, operator: str) -> WaitMove | None:
+    """A lead's move (a key of ``LEAD_MOVES``) on the refund's wait for its customer, run here if the question is
+    still open; None when the refund asked its customer nothing. The console and the API both act through this."""
+    with app_db().engine.connect() as conn:
+        asked = question_of(conn, refund_id)
+    if asked is None:
+        return None
+    if asked.state != "open":
+        return WaitMove(done=False, state=asked.state)
+    result = lead_here(refund_id, LEAD_MOVES[move], operator, asked.question)
+    return WaitMove(done=bool(result["done"]), state=str(result["state"]))
 
 
 def answer_here(refund_id: str, answer: CustomerAnswer, *, key: str) -> AnswerOutcome:

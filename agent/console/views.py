@@ -15,10 +15,8 @@ from agent.console import actions, data, pages
 from agent.console.pages import SessionDep, StateDep
 from agent.console.phases import PHASES
 from agent.identity import Principal
-from agent.question_workflows import lead_here
+from agent.question_workflows import LEAD_MOVES, move_wait_here
 from agent.services import Services, ServicesDep
-from steps.questions import LeadMove, question_of
-from steps.store import app_db
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/console", include_in_schema=False)
@@ -32,8 +30,6 @@ DONE = {
     "wait-ended": "The wait was ended: the refund is closed unpaid and the customer is told.",
     "to-person": "Sent to a person: the refund is judged again and waits for an approver.",
 }
-#: A support lead's moves on a refund waiting for its customer: the form's ``move`` -> the question's new state.
-WAIT_MOVES: dict[str, LeadMove] = {"end": "ended", "person": "to_person"}
 STANDING = {
     "answered": "answered by the customer",
     "expired": "left unanswered past its deadline",
@@ -187,22 +183,19 @@ def end_wait(
     if refused := pages.guard(request, state, session, csrf, "approver"):
         return refused
     assert session is not None and session.operator is not None
-    if move not in WAIT_MOVES:
+    if move not in LEAD_MOVES:
         return pages.message(request, state, session, "Not done", "Choose to end the wait or send it to a person.", 400)
-    with app_db().engine.connect() as conn:
-        asked = question_of(conn, refund_id)
-    if asked is None:
+    operator = str(Principal("operator", session.operator))  # the signed-in operator, never a typed name
+    moved = move_wait_here(refund_id, move, operator)
+    if moved is None:
         return pages.message(
             request, state, session, "Not found", f"Refund {refund_id} asked its customer nothing.", 404
         )
-    operator = str(Principal("operator", session.operator))  # the signed-in operator, never a typed name
-    result = lead_here(refund_id, WAIT_MOVES[move], operator, asked.question) if asked.state == "open" else None
-    if result is None or not result["done"]:
-        standing = result["state"] if result else asked.state
-        said = STANDING.get(str(standing), str(standing))
+    if not moved.done:
+        said = STANDING.get(moved.state, moved.state)
         text = f"Refund {refund_id} is not waiting for its customer any more: its question was {said}."
         return pages.message(request, state, session, "Not done", text, 409)
-    log.info("console: refund %s wait %s by %s", refund_id, WAIT_MOVES[move], session.operator)
+    log.info("console: refund %s wait %s by %s", refund_id, LEAD_MOVES[move], session.operator)
     done = "wait-ended" if move == "end" else "to-person"
     return RedirectResponse(f"/console/refunds/{quote(refund_id, safe='')}?done={done}", status_code=303)
 

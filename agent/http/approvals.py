@@ -33,12 +33,11 @@ from agent.http.openapi import GUARDED, errors
 from agent.http.problems import Problem
 from agent.http.views import DecisionView, WaitMoveView
 from agent.identity import Principal, approver_names
-from agent.question_workflows import lead_here
+from agent.question_workflows import LEAD_MOVES, move_wait_here
 from agent.services import Services, ServicesDep
 from steps import clients
 from steps.approval_book import recorded_decision
 from steps.notify import slack_message
-from steps.questions import LeadMove, question_of
 from steps.records import ApiClient, ApprovalRecord, format_money
 from steps.store import app_db, slack_deliveries
 
@@ -174,10 +173,6 @@ class WaitMoveIn(BaseModel):
     )
 
 
-#: The API's moves -> the question's state each leaves.
-WAIT_MOVES: dict[str, LeadMove] = {"end": "ended", "person": "to_person"}
-
-
 @router.post(
     "/refunds/{refund_id}/question",
     response_model=WaitMoveView,
@@ -200,19 +195,15 @@ def move_wait(refund_id: str, lead: Annotated[Principal, Depends(refund_decider)
     """End a refund's wait for its customer (``end``: closed unpaid, the customer told) or send it to a person
     (``person``), as the calling client (scope ``approvals:decide``; never the refund's requester). One move per
     refund, and only while its question is open: the customer's answer or the deadline, when first, stands."""
-    with app_db().engine.connect() as conn:
-        asked = question_of(conn, refund_id)
-    if asked is None:
+    moved = move_wait_here(refund_id, body.move, str(lead))
+    if moved is None:
         raise Problem(404, f"refund {refund_id} asked its customer nothing")
-    moved = WAIT_MOVES[body.move]
-    result = lead_here(refund_id, moved, str(lead), asked.question) if asked.state == "open" else None
-    if result is None or not result["done"]:
-        standing = result["state"] if result else asked.state
+    if not moved.done:
         raise Problem(
-            409, f"refund {refund_id} is not waiting for its customer: its question is {standing}", state=standing
+            409, f"refund {refund_id} is not waiting for its customer: its question is {moved.state}", state=moved.state
         )
-    log.info("refund %s: wait %s by %s via api", refund_id, moved, lead)
-    return {"refund_id": refund_id, "move": body.move, "question_state": moved, "by": str(lead)}
+    log.info("refund %s: wait %s by %s via api", refund_id, LEAD_MOVES[body.move], lead)
+    return {"refund_id": refund_id, "move": body.move, "question_state": LEAD_MOVES[body.move], "by": str(lead)}
 
 
 def _page(title: str, body: str, status: int = 200) -> HTMLResponse:
