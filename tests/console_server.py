@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,8 +31,16 @@ _CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
 
 class ConsoleServer(ThreadedServer):
-    def __init__(self, env: Env, *, operators: dict[str, str] | None = None, **overrides: Any) -> None:
-        port = int(overrides.pop("refund_agent_port", 0)) or free_port()  # fixed: a provider knows it
+    def __init__(
+        self,
+        env: Env,
+        *,
+        operators: dict[str, str] | None = None,
+        reserved: socket.socket | None = None,
+        **overrides: Any,
+    ) -> None:
+        """``reserved``: serve on that held socket's port (one a provider knows and redirects to)."""
+        port = reserved.getsockname()[1] if reserved else free_port()
         values: dict[str, Any] = {
             "refund_agent_operators": OPERATORS if operators is None else operators,
             "refund_agent_session_secret": "test-session-secret-at-least-32-bytes-long",
@@ -51,7 +60,8 @@ class ConsoleServer(ThreadedServer):
         )
         self.port = port
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        sockets = [reserved.dup()] if reserved else None  # a copy: the port stays held when the server stops
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": sockets}, daemon=True)
 
     @contextmanager
     def signed_in(self, name: str, password: str | None = None, **headers: str) -> Iterator[httpx.Client]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from typing import Any
@@ -11,11 +12,22 @@ import uvicorn
 from agent.ops.processes import free_port
 
 
+def reserve_port() -> socket.socket:
+    """A listening loopback socket on a free port, for a port that must stay this test's while servers come and go
+    on it (one a provider redirects to): a port only chosen, not held, can be taken by the suite's other workers."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", free_port()))
+    sock.listen(64)
+    return sock
+
+
 class ThreadedServer:
-    def __init__(self, app: Any, *, port: int | None = None) -> None:
-        self.port = port or free_port()
+    def __init__(self, app: Any, *, port: int | None = None, reserved: socket.socket | None = None) -> None:
+        """``reserved``: serve on that socket's port (a copy of it, so the port stays held when the server stops)."""
+        self.port = reserved.getsockname()[1] if reserved else port or free_port()
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        sockets = [reserved.dup()] if reserved else None
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": sockets}, daemon=True)
 
     @property
     def base_url(self) -> str:

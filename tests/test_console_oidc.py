@@ -27,12 +27,14 @@ from steps.store import console_sessions as session_rows
 from tests.conftest import Env
 from tests.console_server import console_server, csrf_of, form
 from tests.oidc_provider import ROLE_GROUPS, SUBJECTS, OidcProvider, node
+from tests.servers import reserve_port
 from tests.test_console_browser import browser  # noqa: F401 (the fixture: Debian's Chromium, headless)
 from tests.test_workflow import parked, submit
 
 pytestmark = pytest.mark.skipif(node() is None, reason="node is not installed: the test OpenID provider needs it")
-CONSOLE_PORT = free_port()
-CONSOLE_URL = f"http://127.0.0.1:{CONSOLE_PORT}"
+#: The console's port, held by this worker from collection on: the provider knows it, and consoles come and go on it.
+CONSOLE_SOCKET = reserve_port()
+CONSOLE_URL = f"http://127.0.0.1:{CONSOLE_SOCKET.getsockname()[1]}"
 CALLBACK = f"{CONSOLE_URL}/console/auth/callback"
 
 
@@ -50,7 +52,7 @@ def provider() -> Iterator[OidcProvider]:
 def console(env: Env, **settings: Any) -> Iterator[httpx.Client]:
     """The console on the port the provider knows, and an HTTP client for it."""
     with (
-        console_server(env, refund_agent_port=CONSOLE_PORT, **settings) as (server, _),
+        console_server(env, reserved=CONSOLE_SOCKET, **settings) as (server, _),
         httpx.Client(base_url=server.base_url, timeout=30) as http,
     ):
         yield http
@@ -213,7 +215,7 @@ def test_an_approver_signs_in_at_the_providers_page_approves_a_refund_and_signs_
     browser: Browser,  # noqa: F811 (the fixture imported above)
 ) -> None:
     settings = provider.settings()
-    with console_server(env, refund_agent_port=CONSOLE_PORT, **settings) as (server, client):
+    with console_server(env, reserved=CONSOLE_SOCKET, **settings) as (server, client):
         refund_id = submit(client, "oidc-browser-approve-01", "ord_1002", "The standing desk arrived broken.")
         parked(client, refund_id)
         page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
