@@ -53,6 +53,8 @@ import httpx
 import pytest
 import yaml
 
+from tests import zygote
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 README_MAX_LINES = 220
@@ -531,10 +533,13 @@ def free_port() -> int:
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    """This environment without any setting, so a command sees the embedded default, plus ``extra``."""
+    """This environment without any setting, so a command sees the embedded default, plus ``extra``. On its PATH
+    ``refund-agent`` is forked from the suite's warm launcher (tests/warm_command.py: the same command line, without
+    two seconds of imports per line); tests/test_startup_output.py and tests/test_tools.py start it cold."""
     settings = set(settings_names())
     env = {k: v for k, v in os.environ.items() if k.upper() not in settings and not k.startswith(("DBOS_", "REFUND_"))}
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    warm = zygote.command_dir()
+    env["PATH"] = os.pathsep.join([*([str(warm)] if warm else []), str(BIN), env.get("PATH", "")])
     return {**env, **extra}
 
 

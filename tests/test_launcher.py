@@ -82,3 +82,75 @@ def test_only_the_command_line_is_forked(tmp_path: Path) -> None:
     assert not isinstance(piped, zygote.Launched)
     out, _ = piped.communicate(timeout=60)
     assert piped.returncode == 0 and b"refund-agent" in out
+
+
+def _launched_by(launcher: zygote.Launcher) -> set[int]:
+    return {int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _alive_child(int(p.name), launcher)}
+
+
+def _alive_child(pid: int, launcher: zygote.Launcher) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return stat[0] != "Z" and int(stat[1]) == launcher.proc.pid
+
+
+def _path_env() -> dict[str, str]:
+    warm = zygote.command_dir()
+    assert warm is not None
+    return {**os.environ, "PATH": f"{warm}{os.pathsep}{os.environ['PATH']}"}
+
+
+def test_refund_agent_on_the_docs_path_answers_as_the_console_script(tmp_path: Path) -> None:
+    """The PATH command the docs tests type (tests/warm_command.py): same output, exit status and standard input as
+    the installed console script, through bash."""
+    script = Path(zygote.cold_command()[0]).parent / "refund-agent"
+    line = "{} approve no-such-refund --approver dana; echo status=$?; echo 'a long passphrase' | {} hash-password"
+    warm = subprocess.run(
+        ["bash", "-c", line.format("refund-agent", "refund-agent")],
+        env=_path_env(),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    cold = subprocess.run(
+        ["bash", "-c", line.format(script, script)], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    launcher = zygote.launcher()
+    assert launcher is not None
+    assert "status=" in warm.stdout and warm.stdout.splitlines()[:-1] == cold.stdout.splitlines()[:-1]
+    assert warm.stdout.splitlines()[-1].startswith("scrypt$")
+    assert warm.stderr.splitlines()[-1:] == cold.stderr.splitlines()[-1:]
+
+
+@pytest.mark.parametrize("signal_sent", [signal.SIGTERM, signal.SIGKILL])
+def test_a_server_started_through_the_docs_path_stops_with_its_process_group(
+    tmp_path: Path, signal_sent: signal.Signals
+) -> None:
+    """A test stops a docs server by signalling its process group: TERM reaches the forked server through the PATH
+    command; after KILL (the command gone without word) the server stops itself."""
+    launcher = zygote.launcher()
+    assert launcher is not None
+    before = _launched_by(launcher)
+    port = processes.free_port()
+    with open(tmp_path / "server.log", "wb") as log:
+        shell = subprocess.Popen(
+            ["bash", "-c", f"refund-agent sandbox-evidence --port {port}"],
+            env=_path_env(),
+            cwd=tmp_path,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        wait_for(lambda: processes.http_ok(f"http://127.0.0.1:{port}/_sandbox/healthz"), timeout=60, what="it")
+        [server] = _launched_by(launcher) - before
+        os.killpg(shell.pid, signal_sent)
+        assert shell.wait(timeout=30) == -signal_sent
+        wait_for(lambda: not _alive_child(server, launcher), timeout=30, what="the forked server to stop")
+    finally:
+        if shell.poll() is None:
+            os.killpg(shell.pid, signal.SIGKILL)
+            shell.wait()

@@ -84,9 +84,11 @@ def _child(
         listener.close()
         for conn in conns:
             conn.close()
-        for target, fd in enumerate(fds):
+        for target, fd in enumerate(fds[:3]):
             os.dup2(fd, target)
             os.close(fd)
+        if request.get("watch"):  # started by tests/warm_command.py: stop when it dies
+            _stop_when_closed(fds[3])
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -113,6 +115,20 @@ def _child(
     raise SystemExit(code)
 
 
+def _stop_when_closed(fd: int) -> None:
+    """Stop this command once every write end of the pipe ``fd`` reads from is closed (the process that asked for it
+    died): SIGTERM, so a server stops what it started, then SIGKILL if it has not ended ten seconds later."""
+
+    def watch() -> None:
+        while os.read(fd, 1):
+            pass
+        os.kill(os.getpid(), signal.SIGTERM)
+        threading.Event().wait(10)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="orphan-watch", daemon=True).start()
+
+
 def _probe(names: Sequence[str]) -> None:
     libc = ctypes.CDLL(None)
     libc.getenv.restype = ctypes.c_char_p
@@ -134,7 +150,7 @@ def serve(path: str) -> None:
     while True:
         for _ready in sel.select(timeout=0.05):
             conn, _ = listener.accept()
-            message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+            message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 4)
             request = json.loads(message)
             sys.stdout.flush()
             sys.stderr.flush()
@@ -347,6 +363,30 @@ def install() -> None:
     from agent.ops import processes
 
     processes.subprocess = Subprocess()  # type: ignore[attr-defined,assignment]
+
+
+_shims: dict[str, Path] = {}
+
+
+def command_dir() -> Path | None:
+    """A directory holding a ``refund-agent`` that forks from this process's launcher (tests/warm_command.py), to
+    put first on a PATH; None when commands start cold (``COLD_ENV``)."""
+    warm = launcher()
+    if warm is None:
+        return None
+    if warm.path not in _shims:
+        here = Path(__file__).resolve().parent
+        shim = Path(tempfile.mkdtemp(prefix="ra-command-")) / "refund-agent"
+        shim.write_text(
+            f"#!{sys.executable} -IS\n"
+            "import sys\n"
+            f"sys.path.insert(0, {str(here)!r})\n"
+            "import warm_command\n"
+            f"raise SystemExit(warm_command.main({warm.path!r}))\n"
+        )
+        shim.chmod(0o755)
+        _shims[warm.path] = shim.parent
+    return _shims[warm.path]
 
 
 def cold_command() -> list[str]:
