@@ -30,10 +30,10 @@ _LINK = re.compile(r"/approve/([A-Za-z0-9_\-]+\.[A-Za-z0-9_\-]+)")
 
 @cache
 def operators_json() -> str:
-    """``REFUND_AGENT_OPERATORS`` with dana as an approver (scrypt is slow: hashed once per process)."""
-    from agent.console.auth import hash_password
+    """``REFUND_AGENT_OPERATORS`` with dana as an approver (hashed once per process)."""
+    from tests.console_server import quick_hash
 
-    return json.dumps({"dana": f"approver:{hash_password(DANA_PASSWORD)}"})
+    return json.dumps({"dana": f"approver:{quick_hash(DANA_PASSWORD)}"})
 
 
 def approver_env() -> dict[str, str]:
