@@ -19,6 +19,8 @@ from dbos import DBOS
 from fastapi import FastAPI
 
 from agent import runtime
+from agent.ops.processes import wait_for
+from sandbox.ledger_records import Claimed
 from steps import payments
 from steps.records import ProviderRefund
 from tests.conftest import API_KEY, Env, SandboxServer
@@ -190,14 +192,24 @@ def test_the_step_reconciles_once_its_first_attempt_is_within_the_margin_of_the_
 def test_a_key_another_request_holds_in_flight_is_retried_until_it_is_free(
     env: Env, service: runtime.Runtime, tmp_path: Path
 ) -> None:
-    """The provider answers 409 while another request with the key is in flight; the step waits and retries."""
-    server = SandboxServer(f"sqlite:///{tmp_path}/inflight.sqlite", in_flight_timeout_seconds=0.5)
+    """The provider answers 409 while another request with the key is in flight; the step waits and retries, and
+    pays once the other request has let the key go."""
+    server = SandboxServer(f"sqlite:///{tmp_path}/inflight.sqlite")
     try:
         payments.configure(payments.PaymentsConfig(server.base_url, API_KEY, key_ttl_seconds=86400))
         key = payments.idempotency_key("step-in-flight-0001", "ord_1001")
         ledger = cast(FastAPI, server.server.config.app).state.ledger  # a request that holds the key, in flight
-        ledger.claim_key(key, "another request", now=time.time(), ttl_seconds=86400, stale_after_seconds=0.5)
+        held = ledger.claim_key(key, "another request", now=time.time(), ttl_seconds=86400, stale_after_seconds=3600)
+        assert isinstance(held, Claimed)
+
+        def let_go_once_refused() -> None:  # the other request ends once the step has met its claim
+            wait_for(lambda: server.stats()["create_requests"] >= 1, timeout=60, what="the step's first request")
+            ledger.release_key(key, held.token)
+
+        releaser = threading.Thread(target=let_go_once_refused, daemon=True)
+        releaser.start()
         paid = pay("step-in-flight-0001")
+        releaser.join(10)
         assert server.stats()["create_requests"] == 2
         assert [r["id"] for r in server.refunds("ch_ord_1001")] == [paid.provider_refund_id]
     finally:
