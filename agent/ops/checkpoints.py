@@ -21,6 +21,7 @@ import base64
 import binascii
 import dataclasses
 import enum
+import functools
 import importlib
 import io
 import json
@@ -73,6 +74,19 @@ def _class_name(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
+_ADAPTERS: dict[type, TypeAdapter[Any]] = {}
+
+
+def _adapter(cls: type) -> TypeAdapter[Any]:
+    """The dataclass's validator and serializer, built once per class: building one compiles its whole schema (tens
+    of milliseconds for a model response), and every step that returns the class is written and read through it."""
+    adapter = _ADAPTERS.get(cls)
+    if adapter is None:
+        adapter = _ADAPTERS[cls] = TypeAdapter(cls)
+    return adapter
+
+
+@functools.cache
 def _trusted_class(name: str) -> type:
     """The class a tag names, if a checkpoint may name it: defined (not imported) in a trusted module."""
     module, _, qualname = name.partition(":")
@@ -128,7 +142,7 @@ def _encode(value: Any) -> Any:
     if isinstance(value, BaseModel):
         return _readable_or_exact("model", value, value.model_dump(mode="json", round_trip=True))
     if dataclasses.is_dataclass(value):
-        return _readable_or_exact("dataclass", value, TypeAdapter(cls).dump_python(value, mode="json"))
+        return _readable_or_exact("dataclass", value, _adapter(cls).dump_python(value, mode="json"))
     raise TypeError(f"cannot checkpoint a {_class_name(cls)}: not a record, dataclass or plain value")
 
 
@@ -187,7 +201,7 @@ def _decode(value: Any) -> Any:
     if tag == "model" and issubclass(cls, BaseModel):
         return cls.model_validate(fields)
     if tag == "dataclass" and dataclasses.is_dataclass(cls):
-        return TypeAdapter(cls).validate_python(fields)
+        return _adapter(cls).validate_python(fields)
     raise CheckpointError(f"checkpoint tag {tag!r} does not fit {value['type']!r}")
 
 
