@@ -253,8 +253,11 @@ def question_view(asked: Question, workflows: list[WorkflowStatus]) -> dict[str,
     }
 
 
-def wait_for_outcome(client: DBOSClient, refund_id: str, *, timeout: float = 120.0) -> dict[str, Any]:
-    """Poll until the refund has ended (paid, refused, failed or cancelled); its outcome, or a TimeoutError."""
+def wait_for_outcome(
+    client: DBOSClient, refund_id: str, *, timeout: float = 120.0, interval: float = 0.2
+) -> dict[str, Any]:
+    """Poll until the refund has ended (paid, refused, failed or cancelled); its outcome, or a TimeoutError. Each
+    look is three reads of the system database, so ``interval`` is what a wait costs the database per second."""
     deadline = time.monotonic() + timeout
     while True:
         workflows = workflows_of(client, refund_id)
@@ -266,7 +269,7 @@ def wait_for_outcome(client: DBOSClient, refund_id: str, *, timeout: float = 120
             return {"refund_id": refund_id, "status": _TERMINAL[current.status], "workflow": current.status}
         if time.monotonic() > deadline:
             raise TimeoutError(f"refund {refund_id} did not end within {timeout:.0f}s")
-        time.sleep(0.05)
+        time.sleep(interval)
 
 
 def parked(client: DBOSClient, refund_id: str) -> dict[str, Any] | None:
