@@ -20,14 +20,22 @@ import sys
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
-def _line(conn: socket.socket) -> str:
+def read_line(conn: socket.socket) -> str | None:
+    """One line the launcher sent (a pid or an exit status); None if it closed the connection first."""
     line = b""
     while not line.endswith(b"\n"):
         chunk = conn.recv(64)
         if not chunk:
-            raise SystemExit("refund-agent: the suite's launcher went away")
+            return None
         line += chunk
     return line.decode()
+
+
+def _line(conn: socket.socket) -> str:
+    line = read_line(conn)
+    if line is None:
+        raise SystemExit("refund-agent: the suite's launcher went away")
+    return line
 
 
 def main(launcher: str) -> int:

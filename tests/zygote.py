@@ -32,6 +32,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
+from tests.warm_command import read_line
+
 #: What a forked command would otherwise import first: the command line, the service (worker and serve), the
 #: console, the sandboxes serve can start, and the tools that join the command line by entry point.
 WARM = (
@@ -280,12 +282,9 @@ class Launcher:
         conn.connect(self.path)
         request = {"args": list(args), "env": dict(env), "cwd": os.fspath(cwd or os.getcwd()), "probe": list(probe)}
         socket.send_fds(conn, [json.dumps(request).encode()], [stdin, stdout, stderr])
-        line = b""
-        while not line.endswith(b"\n"):
-            chunk = conn.recv(64)
-            if not chunk:
-                raise RuntimeError("the test launcher closed the connection before forking")
-            line += chunk
+        line = read_line(conn)
+        if line is None:
+            raise RuntimeError("the test launcher closed the connection before forking")
         return Launched([sys.executable, *_CLI, *args], int(line), conn)
 
     def close(self) -> None:
