@@ -22,12 +22,10 @@ def reserve_port() -> socket.socket:
 
 
 class ThreadedServer:
-    def __init__(self, app: Any, *, port: int | None = None, reserved: socket.socket | None = None) -> None:
-        """``reserved``: serve on that socket's port (a copy of it, so the port stays held when the server stops)."""
-        self.port = reserved.getsockname()[1] if reserved else port or free_port()
+    def __init__(self, app: Any, *, port: int | None = None) -> None:
+        self.port = port or free_port()
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        sockets = [reserved.dup()] if reserved else None
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": sockets}, daemon=True)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     @property
     def base_url(self) -> str:
