@@ -10,15 +10,15 @@ retried. What is raised names the service and the status only: never a key, neve
 
 from __future__ import annotations
 
-import functools
 import logging
-import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpx
+
+from steps.tls import client_context
 
 log = logging.getLogger(__name__)
 
@@ -101,12 +101,6 @@ def _retry_after(response: httpx.Response) -> float | None:
         return None  # an HTTP date or nothing: fall back to backoff
 
 
-@functools.cache
-def _tls() -> ssl.SSLContext:
-    """httpx's verifying TLS context, built once: each build reads the CA bundle (tens of ms of CPU per look-up)."""
-    return httpx.create_ssl_context()
-
-
 def call_json(
     service: str,
     method: str,
@@ -124,7 +118,7 @@ def call_json(
 
     def attempt() -> Any:
         try:
-            with httpx.Client(timeout=timeout, follow_redirects=False, verify=_tls()) as http:
+            with httpx.Client(timeout=timeout, follow_redirects=False, verify=client_context()) as http:
                 response = http.request(method, url, auth=auth, headers=headers, params=params, json=body)
         except httpx.TimeoutException:
             raise Transient("timed out") from None

@@ -19,6 +19,7 @@ import httpx
 
 from steps.faults import crash_point
 from steps.mail import Claim, PermanentFailure
+from steps.tls import client_context
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ def comment_for(claim: Claim) -> tuple[str, bool]:
 def _call(config: TicketsConfig, method: str, url: str, body: Any = None) -> Any:
     auth = (f"{config.email}/token", config.token)
     try:
-        with httpx.Client(timeout=config.timeout_seconds, follow_redirects=False) as http:
+        with httpx.Client(timeout=config.timeout_seconds, follow_redirects=False, verify=client_context()) as http:
             response = http.request(method, url, auth=auth, json=body)
     except httpx.TransportError as error:  # the error names the host, never the token
         raise HelpdeskUnavailable(f"the help desk did not answer: {type(error).__name__}") from None

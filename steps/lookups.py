@@ -36,6 +36,7 @@ from steps.evidence import (
 )
 from steps.evidence_http import EvidenceUnavailable, Transient, call_json, clip, config, retrying
 from steps.faults import crash_point
+from steps.payments import stripe_client
 from steps.records import from_minor
 
 TRACK_SHIPMENT_STEP = "evidence.track_shipment"
@@ -207,7 +208,7 @@ def _stripe_attempt(call: Any) -> Any:
 def payment_risk_step(charge_id: str) -> RiskSignals:
     """The charge's early fraud warnings and disputes at the payment provider (Stripe's two list endpoints)."""
     cfg = config()
-    client = stripe.StripeClient(cfg.stripe_api_key, base_addresses={"api": cfg.stripe_base_url}, max_network_retries=0)
+    client = stripe_client(cfg.stripe_api_key, cfg.stripe_base_url)
     efw = client.v1.radar.early_fraud_warnings
     warnings = retrying("payments", lambda: _stripe_attempt(lambda: efw.list({"charge": charge_id, "limit": 100})))
     disputes = retrying(

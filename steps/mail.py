@@ -181,15 +181,15 @@ def build_message(config: SmtpConfig, claim: Claim, to: Sequence[str]) -> EmailM
 
 def send(config: SmtpConfig, message: EmailMessage) -> None:
     """Hand the message to the SMTP server (one connection per message); returns once the server accepted it."""
-    context = ssl.create_default_context()
     smtp: smtplib.SMTP
     if config.security == "ssl":
+        context = ssl.create_default_context()
         smtp = smtplib.SMTP_SSL(config.host, config.port, timeout=config.timeout_seconds, context=context)
     else:
         smtp = smtplib.SMTP(config.host, config.port, timeout=config.timeout_seconds)
     with smtp:
         if config.security == "starttls":
-            smtp.starttls(context=context)
+            smtp.starttls(context=ssl.create_default_context())
         if config.username is not None and config.password is not None:
             smtp.login(config.username, config.password)
         try:

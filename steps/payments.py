@@ -13,6 +13,7 @@ booked. README, "Payments", states the rule.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 from collections.abc import Iterator
@@ -56,10 +57,18 @@ def configure(config: PaymentsConfig) -> None:
     _config = config
 
 
+@functools.lru_cache(maxsize=8)
+def stripe_client(api_key: str, base_url: str) -> stripe.StripeClient:
+    """One client per provider address and key, shared by every step thread: its HTTP client keeps a session (and
+    its connections) per thread, and building a client builds HTTP clients with their own TLS contexts (tens of ms
+    of CPU). No retries of its own: a step's retry settles an unknown outcome first."""
+    return stripe.StripeClient(api_key, base_addresses={"api": base_url}, max_network_retries=0)
+
+
 def _client() -> stripe.StripeClient:
     if _config is None:
         raise RuntimeError("payments are not configured; call runtime.start() first")
-    return stripe.StripeClient(_config.api_key, base_addresses={"api": _config.base_url}, max_network_retries=0)
+    return stripe_client(_config.api_key, _config.base_url)
 
 
 class PaymentRefused(Exception):

@@ -23,6 +23,7 @@ from joserfc.errors import JoseError
 from joserfc.jwk import KeySet
 
 from agent.identity import OIDC_PREFIX, ROLES, Role
+from steps.tls import client_context
 
 OPERATOR_PREFIX = OIDC_PREFIX
 """The names of operators who sign in through the provider start with this (local operators' may not)."""
@@ -120,7 +121,7 @@ class Provider:
 
     def _get(self, url: str) -> dict[str, Any]:
         try:
-            response = httpx.get(url, timeout=self.timeout, follow_redirects=False)
+            response = httpx.get(url, timeout=self.timeout, follow_redirects=False, verify=client_context())
             response.raise_for_status()
             body = response.json()
         except (httpx.HTTPError, ValueError):
@@ -156,6 +157,7 @@ class Provider:
             redirect_uri=self.config.redirect_uri,
             code_challenge_method="S256",
             timeout=self.timeout,
+            verify=client_context(),
         )
 
     def begin(self, next_page: str) -> tuple[str, Flow]:

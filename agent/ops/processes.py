@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import random
 import socket
-import ssl
 import subprocess
 import sys
 import time
@@ -15,6 +13,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+
+from steps.tls import client_context
 
 T = TypeVar("T")
 _random = random.SystemRandom()  # not seeded by tests or libraries that seed `random`
@@ -72,15 +72,9 @@ def wait_for(check: Callable[[], T | None], *, timeout: float, what: str, interv
         time.sleep(interval)
 
 
-@functools.cache
-def _tls() -> ssl.SSLContext:
-    """httpx's verifying TLS context, built once: each build reads the CA bundle, and readiness is polled often."""
-    return httpx.create_ssl_context()
-
-
 def http_ok(url: str) -> bool:
     try:
-        return httpx.get(url, timeout=1.0, verify=_tls()).status_code == 200
+        return httpx.get(url, timeout=1.0, verify=client_context()).status_code == 200
     except httpx.HTTPError:
         return False
 
