@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import secrets
 import sqlite3
-import ssl
 import tempfile
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -15,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psycopg
 import pydantic_ai.models
 import pytest
@@ -30,7 +27,7 @@ from steps import audit
 from steps.seed import demo_charges, seed
 from steps.seed_evidence import demo_risk
 from steps.store import app_db, create_engine
-from tests import zygote
+from tests import web, zygote
 from tests.evidence_server import EvidenceServer
 from tests.servers import ThreadedServer
 
@@ -223,13 +220,6 @@ def _drop_now(dbs: Databases) -> None:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-@functools.cache
-def _tls() -> ssl.SSLContext:
-    """One verifying TLS context for the suite's clients: building one reads the CA bundle (tens of ms of CPU), and
-    every test makes a sandbox client."""
-    return ssl.create_default_context()
-
-
 class SandboxServer(ThreadedServer):
     """The payments sandbox under uvicorn in a thread: it outlives any worker process a test kills."""
 
@@ -239,7 +229,7 @@ class SandboxServer(ThreadedServer):
         super().__init__(create_app(database_url=database_url, api_key=API_KEY, **kwargs))
         self.start()
         auth = {"Authorization": f"Bearer {API_KEY}"}
-        self.http = httpx.Client(base_url=self.base_url, headers=auth, verify=_tls())
+        self.http = web.client(base_url=self.base_url, headers=auth)
 
     def _get(self, path: str, **params: Any) -> Any:
         response = self.http.get(path, params=params)

@@ -22,6 +22,7 @@ from agent.http.server import UVICORN_PROXY_OPTIONS, create_app
 from agent.ops.processes import free_port
 from steps.seed import seed
 from steps.store import app_db
+from tests import web
 from tests.conftest import Env
 from tests.servers import ThreadedServer
 
@@ -79,7 +80,7 @@ class ConsoleServer(ThreadedServer):
     @contextmanager
     def signed_in(self, name: str, password: str | None = None, **headers: str) -> Iterator[httpx.Client]:
         """An HTTP client holding the session cookie of operator ``name``."""
-        with httpx.Client(base_url=self.base_url, timeout=30, headers=headers) as http:
+        with web.client(base_url=self.base_url, timeout=30, headers=headers) as http:
             signed_in = sign_in(http, name, PASSWORDS[name] if password is None else password)
             assert signed_in.status_code == 303, signed_in.text
             yield http

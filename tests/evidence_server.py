@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
-
 from sandbox.evidence import Credentials, EvidenceSeed, create_app
 from steps.seed_evidence import demo_evidence
+from tests import web
 from tests.servers import ThreadedServer
 
 CREDENTIALS = Credentials(
@@ -32,18 +31,16 @@ class EvidenceServer(ThreadedServer):
         self.start()
 
     def stats(self) -> dict[str, int]:
-        response = httpx.get(self.base_url + "/_sandbox/stats", headers=_ADMIN)
+        response = web.get(self.base_url + "/_sandbox/stats", headers=_ADMIN)
         response.raise_for_status()
         return dict(response.json())
 
     def set_faults(self, **services: dict[str, Any]) -> None:
         """Replace every service's faults (a service not named gets none)."""
-        httpx.put(self.base_url + "/_sandbox/faults", json=services, headers=_ADMIN).raise_for_status()
+        web.put(self.base_url + "/_sandbox/faults", json=services, headers=_ADMIN).raise_for_status()
 
     def load(self, seed: EvidenceSeed) -> None:
-        httpx.put(
-            self.base_url + "/_sandbox/data", json=seed.model_dump(mode="json"), headers=_ADMIN
-        ).raise_for_status()
+        web.put(self.base_url + "/_sandbox/data", json=seed.model_dump(mode="json"), headers=_ADMIN).raise_for_status()
 
     def settings(self) -> dict[str, Any]:
         """Settings values pointing every evidence service at this sandbox."""

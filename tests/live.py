@@ -17,6 +17,7 @@ from agent import runtime
 from agent.ops.processes import child_env, free_port, http_ok, spawn, stop, wait_for
 from steps.seed import seed
 from steps.store import app_db, close_app_database, open_app_database, refunds
+from tests import web
 from tests.capture import CaptureServer
 from tests.conftest import API_KEY, Env
 from tests.identities import add_approver_client, approver_env, link_token
@@ -64,7 +65,7 @@ class LiveService:
             drop=("REFUND_AGENT_CRASH_AT", "REFUND_AGENT_MODEL", "REFUND_AGENT_MODEL_BASE_URL"),
         )
         self.proc: subprocess.Popen[bytes] | None = None
-        self.http = httpx.Client(base_url=self.base, timeout=30)
+        self.http = web.client(base_url=self.base, timeout=30)
         self.auth = {"Authorization": f"Bearer {keys.api_token}"}
         self.approver = {"Authorization": f"Bearer {keys.approver_key}"}
 

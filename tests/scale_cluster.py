@@ -7,7 +7,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import sqlalchemy as sa
 from dbos import DBOSClient
 
@@ -15,6 +14,7 @@ from agent import runtime
 from agent.ops.processes import child_env, free_port, http_ok, spawn, stop, wait_for
 from steps.seed import seed
 from steps.store import app_db, close_app_database, executor_leases, open_app_database
+from tests import web
 from tests.conftest import Env
 
 API_TOKEN = "scale-test-token-at-least-32-bytes-long"
@@ -89,7 +89,7 @@ class Cluster:
 
     def submit_http(self, refund_id: str, order_id: str, amount: str, currency: str) -> int:
         assert self.api_url is not None
-        response = httpx.post(
+        response = web.post(
             f"{self.api_url}/refunds",
             headers={"Authorization": f"Bearer {API_TOKEN}", "Idempotency-Key": refund_id},
             json={"order_id": order_id, "message": f"Please refund {amount} {currency}.", "amount": amount},

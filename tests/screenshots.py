@@ -30,6 +30,7 @@ from agent.http.server import create_app
 from agent.ops.processes import free_port
 from agent.settings import Settings
 from agent.status import parked, wait_for_outcome
+from tests import web
 from tests.servers import ThreadedServer
 
 CHROMIUM = "/usr/bin/chromium"
@@ -83,7 +84,7 @@ def main() -> int:
         server.start()
         client = runtime.client(settings)
         try:
-            with httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {TOKEN}"}) as api:
+            with web.client(base_url=server.base_url, headers={"Authorization": f"Bearer {TOKEN}"}) as api:
                 paid = submit(api, "ticket-4711", "ord_1001", "The wireless mouse stopped working after a week.")
                 refused = submit(api, "ticket-4712", "ord_1007", "The bike frame cracked on the first ride.")
                 expired = submit(api, "ticket-4713", "ord_1002", "The standing desk arrived with a broken leg.")

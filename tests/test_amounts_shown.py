@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
-import httpx
 import pytest
 from dbos import DBOSClient
 
@@ -18,6 +17,7 @@ from agent.status import refund_status, wait_for_outcome
 from agent.status_text import summary_lines
 from steps import audit
 from steps.store import app_db
+from tests import web
 from tests.conftest import Env
 from tests.console_server import ConsoleServer, console_server
 from tests.identities import add_approver_client
@@ -69,7 +69,7 @@ def test_an_approval_of_less_shows_300_asked_and_250_paid_in_the_api_the_status_
     refund_id = submit(client, "shown-less-0001", "ord_1002", "The desk is scratched.", amount=Decimal("300.00"))
     assert parked(client, refund_id)["amount"] == "300.00"
     auth = {"Authorization": f"Bearer {APPROVER_KEY}"}
-    with httpx.Client(base_url=server.base_url, timeout=30, headers=auth) as http:
+    with web.client(base_url=server.base_url, timeout=30, headers=auth) as http:
         body = {"decision": "approve", "amount": "250.00", "currency": "USD"}
         assert http.post(f"/refunds/{refund_id}/approval", json=body).status_code == 200
         assert wait_for_outcome(client, refund_id, timeout=120)["status"] == "completed"

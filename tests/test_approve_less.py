@@ -19,6 +19,7 @@ from agent.domain import ApprovalRecord
 from agent.ops.processes import wait_for
 from agent.status import wait_for_outcome
 from steps.store import app_db, approval_decisions, audit_log, outbox
+from tests import web
 from tests.conftest import Env
 from tests.console_server import ConsoleServer, console_server, csrf_of, form
 from tests.identities import add_approver_client, link_token
@@ -76,7 +77,7 @@ def test_an_api_approval_of_less_is_paid_once_for_that_amount_and_the_customer_i
     refund_id = submit(client, "less-api-0001", "ord_1002")
     assert parked(client, refund_id)["amount"] == "4200.00"
     auth = {"Authorization": f"Bearer {APPROVER_KEY}"}
-    with httpx.Client(base_url=server.base_url, timeout=30, headers=auth) as http:
+    with web.client(base_url=server.base_url, timeout=30, headers=auth) as http:
         schema = http.get("/openapi.json").json()["components"]["schemas"]["DecisionIn"]
         assert "amount" in schema["properties"] and schema["required"] == ["decision", "currency"]
         assert "less" in schema["properties"]["amount"]["description"]
@@ -101,7 +102,7 @@ def test_an_api_approval_of_less_is_paid_once_for_that_amount_and_the_customer_i
         again = decide()  # a repeat (for the awaited amount by default) gets the first decision back
         assert again.status_code == 200 and (again.json()["amount"], again.json()["first"]) == ("3000.00", False)
     paid_once(env, client, refund_id, 300_000)
-    with httpx.Client(base_url=server.base_url, timeout=30, headers=auth) as http:
+    with web.client(base_url=server.base_url, timeout=30, headers=auth) as http:
         approval = http.get(f"/refunds/{refund_id}").json()["approval"]
     assert (approval["decision"], approval["approved_amount"], approval["request"]["amount"]) == (
         "approve",
@@ -157,7 +158,7 @@ def test_a_signed_link_approves_less_than_it_names_never_more(
     refund_id = submit(client, "less-link-0001", "ord_1002")
     parked(client, refund_id)
     token = wait_for(lambda: link_token(app_db().engine, refund_id, "ada"), timeout=10, what="ada's approval link")
-    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+    with web.client(base_url=server.base_url, timeout=30) as http:
         page = http.get(f"/approve/{token}")
         assert page.status_code == 200 and "id='amount' value='4200.00'" in page.text
         more = http.post(f"/approve/{token}", content="decision=approve&amount=4200.50", headers={"Content-Type": FORM})

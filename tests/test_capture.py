@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import socket
 
-import httpx
-
 from agent.ops.processes import wait_for
+from tests import web
 from tests.capture import CaptureServer
 
 
@@ -18,7 +17,7 @@ def test_capture_server_records_a_post_while_another_body_is_still_arriving() ->
             head += f"Content-Length: {len(body)}\r\n\r\n"
             slow.sendall(head.encode())
             wait_for(lambda: len(capture.server.server_state.tasks) >= 1 or None, timeout=10, what="the slow post")
-            answer = httpx.post(capture.url("webhook"), json={"text": "fast"}, timeout=10)
+            answer = web.post(capture.url("webhook"), json={"text": "fast"}, timeout=10)
             assert answer.status_code == 200
             slow.sendall(body)
             received = wait_for(

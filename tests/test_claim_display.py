@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
 
-import httpx
 import pytest
 import sqlalchemy as sa
 from dbos import DBOSClient
@@ -30,6 +29,7 @@ from steps.evidence import (
     TrackingEvent,
 )
 from steps.store import app_db, refunds
+from tests import web
 from tests.conftest import Env
 from tests.console_server import API_TOKEN, ConsoleServer, console_server
 from tests.test_workflow import parked
@@ -84,7 +84,7 @@ def console(env: Env) -> Iterator[tuple[ConsoleServer, DBOSClient]]:
 def _finished_refund(server: ConsoleServer, client: DBOSClient, key: str) -> str:
     """A refund paid and finished, its row as refunds decided before claims were recorded have it."""
     body = {"order_id": "ord_1001", "message": "The mouse stopped working."}
-    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+    with web.client(base_url=server.base_url, timeout=30) as http:
         accepted = http.post("/refunds", json=body, headers={**AUTH, "Idempotency-Key": key})
     assert accepted.status_code == 202, accepted.text
     refund_id = str(accepted.json()["refund_id"])
@@ -110,7 +110,7 @@ def test_the_api_shows_the_claim_and_its_evidence_without_ticket_comments(
 ) -> None:
     server, client = console
     refund_id = _finished_refund(server, client, "claim-api-0001")
-    with httpx.Client(base_url=server.base_url, timeout=30, headers=AUTH) as http:
+    with web.client(base_url=server.base_url, timeout=30, headers=AUTH) as http:
         before = http.get(f"/refunds/{refund_id}").json()
         assert before["claim"] == {"category": None, "category_label": None, "evidence": None, "summary": []}
         assert before["status"] == "completed" and before["payment"]["provider_refund_id"]  # the rest unchanged
@@ -162,7 +162,7 @@ def test_a_claim_the_agent_investigated_shows_what_the_carrier_said(
 ) -> None:
     server, client = console
     body = {"order_id": "ord_1002", "message": "My parcel never arrived."}
-    with httpx.Client(base_url=server.base_url, timeout=30, headers=AUTH) as http:
+    with web.client(base_url=server.base_url, timeout=30, headers=AUTH) as http:
         accepted = http.post("/refunds", json=body, headers={"Idempotency-Key": "claim-e2e-0001"})
         assert accepted.status_code == 202, accepted.text
         parked(client, "claim-e2e-0001")
@@ -183,7 +183,7 @@ def test_a_refund_parked_on_an_early_fraud_warning_is_flagged_on_its_page(
 ) -> None:
     server, client = console
     body = {"order_id": "ord_1016", "message": "I was charged twice for this watch band."}
-    with httpx.Client(base_url=server.base_url, timeout=30, headers=AUTH) as http:
+    with web.client(base_url=server.base_url, timeout=30, headers=AUTH) as http:
         accepted = http.post("/refunds", json=body, headers={"Idempotency-Key": "claim-efw-00001"})
         assert accepted.status_code == 202, accepted.text
     assert "reported the charge as fraud" in parked(client, "claim-efw-00001")["reason"]  # a person decides

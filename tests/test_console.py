@@ -26,7 +26,7 @@ from agent.settings import Settings
 from agent.status import refund_status, wait_for_outcome
 from steps import audit
 from steps.store import app_db, approval_decisions, audit_log, outbox, refunds
-from tests import zygote
+from tests import web, zygote
 from tests.conftest import Env
 from tests.console_server import PASSWORDS, ConsoleServer, console_server, csrf_of, form
 from tests.identities import link_token
@@ -67,7 +67,7 @@ def test_sign_in_form_cookies_are_signed_and_expire() -> None:
 
 def test_console_pages_need_a_signed_in_operator(env: Env, console: tuple[ConsoleServer, DBOSClient]) -> None:
     server, _ = console
-    with httpx.Client(base_url=server.base_url) as http:
+    with web.client(base_url=server.base_url) as http:
         home = http.get("/console")
         assert home.status_code == 303 and home.headers["location"].startswith("/console/login?next=")
         detail = http.get("/console/refunds/anything")
@@ -88,7 +88,7 @@ def test_form_posts_without_the_csrf_token_or_the_session_are_refused(
     request = parked(client, refund_id)
     fields = {"decision": "approve", "amount": request["amount"], "currency": request["currency"], "confirmed": "yes"}
     path = f"/console/refunds/{refund_id}/decision"
-    with server.signed_in("bob") as bob, httpx.Client(base_url=server.base_url) as stranger:
+    with server.signed_in("bob") as bob, web.client(base_url=server.base_url) as stranger:
         token = csrf_of(bob, "/console")
         assert form(bob, path, **fields).status_code == 403  # no token
         assert form(bob, path, **fields, csrf="forged-token").status_code == 403  # wrong token
@@ -270,7 +270,7 @@ def test_wrong_passwords_are_refused_and_sign_in_is_rate_limited(
     env: Env, console: tuple[ConsoleServer, DBOSClient]
 ) -> None:
     server, _ = console
-    with httpx.Client(base_url=server.base_url) as http:
+    with web.client(base_url=server.base_url) as http:
         token = csrf_of(http)
         for _ in range(5):
             wrong = form(http, "/console/login", name="ada", password="guess", csrf=token)
@@ -401,7 +401,7 @@ def test_without_operators_serve_makes_an_admin_whose_password_is_in_a_private_f
         assert path.stat().st_mode & 0o777 == 0o600
         password = path.read_text().strip()
         assert str(path) in caplog.text and password not in caplog.text
-        with httpx.Client(base_url=server.base_url) as http:
+        with web.client(base_url=server.base_url) as http:
             hint = http.get("/console/login").text  # the sign-in page says how to get in the first time
             assert "sign in as <b>admin</b>" in hint and "console_admin_password" in hint and password not in hint
             fields = {"name": "admin", "password": password, "csrf": csrf_of(http), "next": "/console"}

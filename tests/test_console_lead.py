@@ -22,6 +22,7 @@ from agent.http import problems
 from agent.status import wait_for_outcome
 from steps import audit
 from steps.store import app_db, audit_log
+from tests import web
 from tests.conftest import Env
 from tests.console_server import ConsoleServer, console_server, csrf_of, form
 from tests.test_workflow import parked, submit
@@ -230,9 +231,9 @@ def test_console_errors_are_pages_in_its_layout_and_the_api_keeps_problem_json(
         assert missing.status_code == 404 and "There is no refund no-such-refund" in missing.text
         refused = vic.get("/console/sessions")
         assert refused.status_code == 403 and refused.headers["content-type"].startswith("text/html")
-    api = httpx.get(f"{server.base_url}/refunds/no-such-refund", headers={"Authorization": "Bearer x"})
+    api = web.get(f"{server.base_url}/refunds/no-such-refund", headers={"Authorization": "Bearer x"})
     assert api.headers["content-type"] == "application/problem+json"
-    unknown = httpx.get(f"{server.base_url}/no-such-api")
+    unknown = web.get(f"{server.base_url}/no-such-api")
     assert unknown.status_code == 404 and unknown.headers["content-type"] == "application/problem+json"
 
 

@@ -24,6 +24,7 @@ from agent.settings import Settings
 from steps import audit
 from steps.store import app_db, approval_decisions
 from steps.store import console_sessions as session_rows
+from tests import web
 from tests.conftest import Env
 from tests.console_server import console_server, csrf_of, form
 from tests.oidc_provider import ROLE_GROUPS, SUBJECTS, OidcProvider, node
@@ -53,7 +54,7 @@ def console(env: Env, **settings: Any) -> Iterator[httpx.Client]:
     """The console on the port the provider knows, and an HTTP client for it."""
     with (
         console_server(env, reserved=CONSOLE_SOCKET, **settings) as (server, _),
-        httpx.Client(base_url=server.base_url, timeout=30) as http,
+        web.client(base_url=server.base_url, timeout=30) as http,
     ):
         yield http
 
@@ -112,7 +113,7 @@ def test_an_approver_signs_in_through_the_provider_with_the_role_its_groups_give
         assert signed_in["subject"] == SUBJECTS["bob"] and signed_in["email"] == "bob@example.com"
         assert signed_in["role"] == "approver" and "refund-approvers" in signed_in["groups"]
         # An admin's sessions page keeps it (backed by the provider's configuration, not deleted as unknown).
-        with httpx.Client(base_url=str(http.base_url), timeout=30) as admin:
+        with web.client(base_url=str(http.base_url), timeout=30) as admin:
             assert admin.get(through_provider(admin, "ada")).status_code == 303
             listed = admin.get("/console/sessions")
             assert listed.status_code == 200 and f"oidc.{SUBJECTS['bob']}" in listed.text

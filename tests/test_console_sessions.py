@@ -21,6 +21,7 @@ from steps import audit, console_sessions, sign_in_throttle
 from steps.migrate import upgrade
 from steps.store import app_db, create_engine
 from steps.store import console_sessions as session_rows
+from tests import web
 from tests.conftest import Env
 from tests.console_server import HASHES, OPERATORS, PASSWORDS, ConsoleServer, console_server, csrf_of, form, sign_in
 
@@ -52,7 +53,7 @@ def signed_in(http: httpx.Client) -> bool:
 
 def copy_of(http: httpx.Client, server: ConsoleServer) -> httpx.Client:
     """Another client holding the same session cookie, as a thief with a copied cookie would."""
-    return httpx.Client(base_url=server.base_url, cookies={auth.SESSION_COOKIE: http.cookies[auth.SESSION_COOKIE]})
+    return web.client(base_url=server.base_url, cookies={auth.SESSION_COOKIE: http.cookies[auth.SESSION_COOKIE]})
 
 
 def test_a_cookie_copied_before_sign_out_is_refused_after_it_and_both_land_in_the_audit_log(
@@ -92,7 +93,7 @@ def test_operators_removed_or_given_a_new_password_or_role_lose_their_sessions_a
     }
     with console_server(env, operators=after) as (server, _):
         for name, cookie in cookies.items():
-            with httpx.Client(base_url=server.base_url, cookies={auth.SESSION_COOKIE: cookie}) as http:
+            with web.client(base_url=server.base_url, cookies={auth.SESSION_COOKIE: cookie}) as http:
                 assert signed_in(http) == (name == "ada"), name
         with app_db().engine.connect() as conn:
             assert [s.operator for s in console_sessions.all_sessions(conn)] == ["ada"]
@@ -156,7 +157,7 @@ def test_the_right_password_waits_out_the_backoff_and_then_signs_in(
     env: Env, console: tuple[ConsoleServer, DBOSClient]
 ) -> None:
     server, _ = console
-    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+    with web.client(base_url=server.base_url, timeout=30) as http:
         typed_name = "hunter2-typed-in-the-name-field"
         assert sign_in(http, typed_name, "guess").status_code == 401
         for _ in range(auth.BACKOFF.free_failures):
@@ -187,7 +188,7 @@ def test_rotating_x_forwarded_for_from_an_untrusted_peer_does_not_dodge_the_addr
     env: Env, console: tuple[ConsoleServer, DBOSClient]
 ) -> None:
     server, _ = console
-    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+    with web.client(base_url=server.base_url, timeout=30) as http:
         for n in range(auth.ADDRESS_LIMIT.failures):
             http.headers["X-Forwarded-For"] = f"203.0.113.{n}"
             assert sign_in(http, f"nobody-{n}", "guess").status_code == 401
@@ -200,7 +201,7 @@ def test_rotating_x_forwarded_for_from_an_untrusted_peer_does_not_dodge_the_addr
 
 def test_a_trusted_proxys_x_forwarded_for_is_honoured(env: Env) -> None:
     trusted: dict[str, Any] = {"refund_agent_trusted_proxies": ["127.0.0.1"]}
-    with console_server(env, **trusted) as (server, _), httpx.Client(base_url=server.base_url, timeout=30) as http:
+    with console_server(env, **trusted) as (server, _), web.client(base_url=server.base_url, timeout=30) as http:
         for n in range(auth.ADDRESS_LIMIT.failures):  # whatever the client wrote on the left, the proxy saw .7
             http.headers["X-Forwarded-For"] = f"10.9.9.{n}, 198.51.100.7"
             assert sign_in(http, f"nobody-{n}", "guess").status_code == 401

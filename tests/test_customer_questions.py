@@ -20,7 +20,6 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-import httpx
 import pytest
 import sqlalchemy as sa
 from dbos import DBOS
@@ -37,6 +36,7 @@ from steps import clients, helpdesk
 from steps.evidence import QuestionKind
 from steps.seed import seed
 from steps.store import app_db, customer_answer_files, outbox
+from tests import web
 from tests.conftest import Env
 from tests.evidence_server import CREDENTIALS, EvidenceServer, demo_seed
 
@@ -213,7 +213,7 @@ def comment_added(
 
 def on_ticket(desk: EvidenceServer, ticket: int, message_key: str) -> list[dict[str, Any]]:
     auth = (f"{CREDENTIALS.tickets_email}/token", str(CREDENTIALS.tickets_token))
-    found = httpx.get(f"{desk.base_url}/api/v2/tickets/{ticket}/comments.json", auth=auth).raise_for_status().json()
+    found = web.get(f"{desk.base_url}/api/v2/tickets/{ticket}/comments.json", auth=auth).raise_for_status().json()
     return [c for c in found["comments"] if helpdesk.marker(message_key) in c["body"]]
 
 

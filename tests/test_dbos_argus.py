@@ -26,6 +26,7 @@ from agent.ops.processes import free_port, wait_for
 from agent.settings import Settings
 from agent.status import wait_for_outcome
 from steps import audit
+from tests import web
 from tests.conftest import BACKENDS, Env, SandboxServer, drop_databases, make_databases
 from tests.evidence_server import EvidenceServer
 from tests.test_console_browser import CHROMIUM
@@ -104,7 +105,7 @@ def viewer(
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
-        http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
+        http = web.client(base_url=f"http://127.0.0.1:{port}", timeout=10)
         wait_for(lambda: up(http, argus, log), timeout=30, what="dbos-argus to answer", interval=0.1)
         yield Viewer(backend, dbs.system_url, url, http, paid, waiting)
     finally:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import httpx
 import pytest
 from dbos import DBOSClient
 
@@ -15,6 +14,7 @@ from agent.http.server import create_app
 from agent.ops.processes import free_port, wait_for
 from steps.seed import seed
 from steps.store import app_db
+from tests import web
 from tests.conftest import API_KEY, Env
 from tests.identities import DANA
 from tests.servers import ThreadedServer
@@ -80,7 +80,7 @@ def served(env: Env) -> Iterator[DBOSClient]:
     server.start()
     seed(app_db().engine)
     client = runtime.client(settings)
-    with httpx.Client(headers={"Authorization": f"Bearer {API_KEY}"}) as http:
+    with web.client(headers={"Authorization": f"Bearer {API_KEY}"}) as http:
         target = {"url": f"{server.base_url}/webhooks/stripe", "secret": WEBHOOK_SECRET}
         http.put(f"{env.sandbox.base_url}/_sandbox/webhook", json=target).raise_for_status()
     try:

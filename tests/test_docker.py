@@ -15,10 +15,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 
 from agent.ops.processes import free_port, wait_for
+from tests import web
 from tests.conftest import BACKENDS, Env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,7 +117,7 @@ def test_image_command_serves_health_and_refunds_then_stops_cleanly_on_sigterm(e
             return probe.returncode == 0
 
         wait_for(healthy, timeout=120, what="the image's HEALTHCHECK to pass", interval=0.5)
-        api = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {TOKEN}"})
+        api = web.client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {TOKEN}"})
         body = {"order_id": "ord_1001", "message": "Broken, please refund 5.00", "amount": "5.00"}
         created = api.post("/refunds", json=body, headers={"Idempotency-Key": "image-refund-1"})
         assert created.status_code == 202, created.text

@@ -53,7 +53,7 @@ import httpx
 import pytest
 import yaml
 
-from tests import zygote
+from tests import web, zygote
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -634,13 +634,13 @@ def test_the_readme_api_walk_through_runs_against_a_real_server(tmp_path: Path) 
 
     def refund(status: str) -> dict[str, Any] | None:
         token = (world.cwd / ".refund-agent" / "api_token").read_text().strip()
-        found = httpx.get(f"{base}/refunds/{KEY}", headers={"Authorization": f"Bearer {token}"}).json()
+        found = web.get(f"{base}/refunds/{KEY}", headers={"Authorization": f"Bearer {token}"}).json()
         return found if found.get("status") == status else None
 
     def ready() -> bool:
         assert all(p.poll() is None for p in world.servers.values()), world.logs()
         try:
-            return httpx.get(f"{base}/readyz", timeout=2).status_code == 200
+            return web.get(f"{base}/readyz", timeout=2).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -721,7 +721,7 @@ def test_the_local_session_and_the_upgrade_commands_run(tmp_path: Path) -> None:
             return bool(got["status"] == "SUCCESS")
 
         wait_for(fork_done, timeout=90, what="the forked workflow to finish")
-        answer = httpx.get(ledger, params={"charge": "ch_ord_1002"}, headers={"Authorization": "Bearer sk_test"})
+        answer = web.get(ledger, params={"charge": "ch_ord_1002"}, headers={"Authorization": "Bearer sk_test"})
         held = answer.raise_for_status().json()["data"]
         assert len(held) == 1, held  # the fork sent the same idempotency key: the provider replayed
     except AssertionError as error:

@@ -30,6 +30,7 @@ from steps.lookups import (
 )
 from steps.seed import SHIPMENTS
 from steps.seed_evidence import demo_risk
+from tests import web
 from tests.conftest import API_KEY, Env, SandboxServer
 from tests.evidence_server import CREDENTIALS, EvidenceServer, demo_seed
 
@@ -169,15 +170,14 @@ def test_risk_none(configured: object) -> None:
 
 
 def test_the_payments_sandbox_replaces_its_risk_signals(configured: object, payments: SandboxServer) -> None:
-    import httpx
 
     auth = {"Authorization": f"Bearer {API_KEY}"}
-    httpx.put(f"{payments.base_url}/_sandbox/risk", json={}, headers=auth).raise_for_status()
+    web.put(f"{payments.base_url}/_sandbox/risk", json={}, headers=auth).raise_for_status()
     try:
         assert payment_risk_step("ch_ord_1016").early_fraud_warnings == []
     finally:
         seed = RiskSeed.model_validate(demo_risk()).model_dump(mode="json")
-        httpx.put(f"{payments.base_url}/_sandbox/risk", json=seed, headers=auth).raise_for_status()
+        web.put(f"{payments.base_url}/_sandbox/risk", json=seed, headers=auth).raise_for_status()
     assert len(payment_risk_step("ch_ord_1016").early_fraud_warnings) == 1
 
 

@@ -10,13 +10,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import pytest
 
 from agent.ops.processes import free_port, http_ok, spawn, stop, wait_for
 from agent.settings import Settings, UnsafeDataDirectory
 from steps import clients
 from steps.store import create_engine
+from tests import web
 from tests.test_secrets import clean_env, refund_agent
 
 
@@ -46,7 +46,7 @@ def _pay_one_refund(tmp_path: Path, base: str) -> None:
     """A refund that writes every database (checkpoints, the book and its audit chain, the provider's ledger)."""
     token = (tmp_path / "data" / "api_token").read_text().strip()
     auth = {"Authorization": f"Bearer {token}"}
-    with httpx.Client(base_url=base, headers=auth, timeout=30) as http:
+    with web.client(base_url=base, headers=auth, timeout=30) as http:
         body = {"order_id": "ord_1001", "message": "It arrived broken."}
         accepted = http.post("/refunds", json=body, headers={"Idempotency-Key": "modes-refund-01"})
         assert accepted.status_code == 202, accepted.text

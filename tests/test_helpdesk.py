@@ -29,6 +29,7 @@ from steps.helpdesk_inbox import link_ticket
 from steps.notify import notify_approvers_step, notify_customer_step
 from steps.refunds import register_request
 from steps.store import app_db, db_now_ms, helpdesk_comments, helpdesk_deliveries, outbox, refunds
+from tests import web
 from tests.conftest import Env
 from tests.evidence_server import CREDENTIALS, EvidenceServer, demo_seed
 from tests.identities import HELPDESK
@@ -230,7 +231,7 @@ def test_a_ticket_whose_refund_id_another_client_took_first_starts_nothing_and_g
 
 def ticket_comments(zendesk: EvidenceServer, ticket: int) -> list[dict[str, Any]]:
     auth = (f"{CREDENTIALS.tickets_email}/token", str(CREDENTIALS.tickets_token))
-    answer = httpx.get(f"{zendesk.base_url}/api/v2/tickets/{ticket}/comments.json", auth=auth)
+    answer = web.get(f"{zendesk.base_url}/api/v2/tickets/{ticket}/comments.json", auth=auth)
     return list(answer.raise_for_status().json()["comments"])
 
 

@@ -25,6 +25,7 @@ from agent import runtime, tokens
 from agent.ops.processes import child_env, free_port, http_ok, spawn, stop, wait_for
 from steps.seed import seed
 from steps.store import app_db, close_app_database, open_app_database
+from tests import web
 from tests.capture import CaptureServer
 from tests.conftest import Env
 from tests.identities import SLACK_DANA, add_approver_client, approver_env, link_token
@@ -57,7 +58,7 @@ class Server:
             drop=("REFUND_AGENT_CRASH_AT",),
         )
         self.proc: subprocess.Popen[bytes] | None = None
-        self.http = httpx.Client(base_url=self.base, timeout=30)
+        self.http = web.client(base_url=self.base, timeout=30)
 
     def start(self, crash_at: str | None = None) -> None:
         extra = {"REFUND_AGENT_CRASH_AT": crash_at} if crash_at else {}
@@ -314,7 +315,7 @@ def _concurrently(count: int, call: Any) -> list[httpx.Response]:
     lock = threading.Lock()
 
     def run(i: int) -> None:
-        with httpx.Client(timeout=60) as client:
+        with web.client(timeout=60) as client:
             barrier.wait()
             response = call(client, i)
         with lock:
@@ -415,7 +416,7 @@ def test_server_killed_while_parked_finishes_after_restart(env: Env, server: Ser
 
 def test_server_killed_mid_payment_pays_once_and_resubmit_returns_same_refund(env: Env, server: Server) -> None:
     server.close()
-    server.http = httpx.Client(base_url=server.base, timeout=30)
+    server.http = web.client(base_url=server.base, timeout=30)
     server.start(crash_at="after_provider_call")
     assert server.submit("http-midpay-0001", "ord_1001").status_code == 202
     assert server.proc is not None

@@ -29,7 +29,7 @@ from agent import tokens
 from agent.settings import Settings
 from steps import clients
 from steps.store import app_db
-from tests import zygote
+from tests import web, zygote
 from tests.conftest import Env
 from tests.console_server import csrf_of
 from tests.identities import DANA_PASSWORD, SLACK_DANA, link_token, operators_json
@@ -76,7 +76,7 @@ def _slack_token(svc: LiveService, refund_id: str, expires_at: str) -> str:
 
 def _console_decision(svc: LiveService, refund_id: str) -> httpx.Response:
     """dana signs in to the console and presses Approve on the refund's page."""
-    with httpx.Client(base_url=svc.base, timeout=30) as http:
+    with web.client(base_url=svc.base, timeout=30) as http:
         signed_in = http.post(
             "/console/login",
             data={"name": "dana", "password": DANA_PASSWORD, "csrf": csrf_of(http), "next": "/console"},

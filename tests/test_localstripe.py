@@ -22,12 +22,13 @@ import stripe
 from agent import runtime
 from agent.ops.processes import free_port, stop, wait_for
 from steps import payments
+from tests import web
 from tests.conftest import API_KEY
 
 
 def answers(url: str) -> bool:
     try:
-        return httpx.get(url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=2).status_code == 200
+        return web.get(url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=2).status_code == 200
     except httpx.TransportError:
         return False
 

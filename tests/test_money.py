@@ -24,6 +24,7 @@ from agent.status import refund_status
 from agent.submit import SubmissionError
 from steps.records import exponent, format_money, from_minor, minor_unit_problem, to_minor
 from steps.store import app_db, audit_log, outbox
+from tests import web
 from tests.conftest import API_KEY, Env
 from tests.identities import DANA
 from tests.test_policy import NOW, order
@@ -238,9 +239,7 @@ def test_a_three_decimal_order_round_trips_through_policy_payment_and_display(en
 def test_the_payments_sandbox_refuses_a_three_decimal_amount_stripe_would(env: Env) -> None:
     def refund(minor: int) -> httpx.Response:
         body = {"charge": "ch_ord_1018", "amount": str(minor)}
-        return httpx.post(
-            env.sandbox.base_url + "/v1/refunds", data=body, headers={"Authorization": f"Bearer {API_KEY}"}
-        )
+        return web.post(env.sandbox.base_url + "/v1/refunds", data=body, headers={"Authorization": f"Bearer {API_KEY}"})
 
     refused = refund(1255)
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "amount"

@@ -36,6 +36,7 @@ from agent.settings import Settings
 from steps.records import SUPPORTED_CURRENCIES
 from steps.seed import ORDERS
 from steps.store import create_engine
+from tests import web
 from tests.conftest import BACKENDS, Env
 from tests.identities import APPROVER_CLIENT, add_approver_client
 from tests.servers import ThreadedServer
@@ -121,7 +122,7 @@ class Service(ThreadedServer):
 
     def _none_waiting(self) -> bool:
         """Reject, through the API, refunds parked for approval: they would hold shutdown for its drain timeout."""
-        with httpx.Client(base_url=self.base_url, headers=AUTH, timeout=30) as http:
+        with web.client(base_url=self.base_url, headers=AUTH, timeout=30) as http:
             listing = http.get("/refunds", params={"status": "awaiting_approval", "limit": 100})
             if listing.status_code != 200:  # the test has failed already; shutdown's drain timeout bounds the rest
                 return True
@@ -187,11 +188,11 @@ PENDING = "fuzz-pending-0001"  # a 4,200.00 USD refund on ord_1002: above the au
 @pytest.fixture
 def pending_refund(service_url: str) -> str:
     body = {"order_id": "ord_1002", "message": "Everything arrived broken."}
-    response = httpx.post(f"{service_url}/refunds", json=body, headers={**AUTH, "Idempotency-Key": PENDING}, timeout=30)
+    response = web.post(f"{service_url}/refunds", json=body, headers={**AUTH, "Idempotency-Key": PENDING}, timeout=30)
     assert response.status_code == 202, response.text
 
     def parked() -> bool:
-        status = httpx.get(f"{service_url}/refunds/{PENDING}", headers=AUTH, timeout=30).json()
+        status = web.get(f"{service_url}/refunds/{PENDING}", headers=AUTH, timeout=30).json()
         return bool(status["status"] == "awaiting_approval")
 
     wait_for(parked, timeout=60, what="the refund to wait for approval")
@@ -245,7 +246,7 @@ NUL_REQUESTS: list[tuple[str, dict[str, Any]]] = [
 @pytest.mark.parametrize("env", ["postgres"], indirect=True)
 def test_nul_characters_in_ids_and_cursors_are_not_a_server_error_on_postgres(service_url: str) -> None:
     answers = {
-        path + str(params): httpx.get(service_url + path, params=params, headers=AUTH, timeout=30).status_code
+        path + str(params): web.get(service_url + path, params=params, headers=AUTH, timeout=30).status_code
         for path, params in NUL_REQUESTS
     }
     assert all(status < 500 for status in answers.values()), answers
@@ -259,7 +260,7 @@ def test_slack_request_without_a_numeric_timestamp_is_refused_not_a_crash(
     headers = {"Content-Type": "application/x-www-form-urlencoded", "X-Slack-Signature": "v0=00"}
     if timestamp is not None:
         headers["X-Slack-Request-Timestamp"] = timestamp
-    response = httpx.post(f"{service_url}/slack/interactions", content=b"payload=%7B%7D", headers=headers, timeout=30)
+    response = web.post(f"{service_url}/slack/interactions", content=b"payload=%7B%7D", headers=headers, timeout=30)
     assert response.status_code == 401, response.text
 
 

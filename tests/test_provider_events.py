@@ -31,6 +31,7 @@ from steps.provider_events import ProviderEvent
 from steps.seed import seed
 from steps.settlement import reverse_payment_step, settle_payment_step
 from steps.store import app_db, audit_log, provider_events
+from tests import web
 from tests.capture import CaptureServer
 from tests.conftest import API_KEY, Env
 from tests.servers import ThreadedServer
@@ -72,13 +73,13 @@ class Service:
             "Stripe-Signature": sign(payload, WEBHOOK_SECRET, int(time.time())),
             "Content-Type": "application/json",
         }
-        response = httpx.post(f"{self.server.base_url}/webhooks/stripe", content=payload, headers=headers)
+        response = web.post(f"{self.server.base_url}/webhooks/stripe", content=payload, headers=headers)
         assert response.status_code == 200, response.text
         return response
 
     def provider_refund(self, provider_refund_id: str) -> dict[str, Any]:
         """The refund as the provider holds it (what a genuine event would carry)."""
-        found = httpx.get(f"{self.env.sandbox.base_url}/v1/refunds/{provider_refund_id}", headers=SANDBOX)
+        found = web.get(f"{self.env.sandbox.base_url}/v1/refunds/{provider_refund_id}", headers=SANDBOX)
         found.raise_for_status()
         return dict(found.json())
 
@@ -91,13 +92,13 @@ class Service:
             "metadata[order_id]": "ord_1001",
             "metadata[idempotency_key]": idempotency_key(refund_id, "ord_1001"),
         }
-        made = httpx.post(f"{self.env.sandbox.base_url}/v1/refunds", data=params, headers=SANDBOX)
+        made = web.post(f"{self.env.sandbox.base_url}/v1/refunds", data=params, headers=SANDBOX)
         made.raise_for_status()
         return dict(made.json())
 
     def metric(self, **labels: str) -> float:
         """``refund_agent_provider_events_total`` for these labels, as /metrics serves it (0 when absent)."""
-        text = httpx.get(f"{self.server.base_url}/metrics").text
+        text = web.get(f"{self.server.base_url}/metrics").text
         for family in text_string_to_metric_families(text):
             if family.name == "refund_agent_provider_events":
                 for sample in family.samples:
@@ -126,7 +127,7 @@ def svc(env: Env) -> Iterator[Service]:
         seed(app_db().engine)
         client = runtime.client(settings)
         target = {"url": f"{server.base_url}/webhooks/stripe", "secret": WEBHOOK_SECRET}
-        httpx.put(f"{env.sandbox.base_url}/_sandbox/webhook", json=target, headers=SANDBOX).raise_for_status()
+        web.put(f"{env.sandbox.base_url}/_sandbox/webhook", json=target, headers=SANDBOX).raise_for_status()
         try:
             yield Service(env, server, client, slack)
         finally:
@@ -283,7 +284,7 @@ def test_a_refund_that_fails_after_it_succeeded_is_reversed_once_released_and_al
     until(svc.client, refund_id, "completed")
     provider_refund_id = row(refund_id).provider_refund_id
     assert refunded_minor("ord_1001") == 4200
-    failed = httpx.post(
+    failed = web.post(
         f"{svc.env.sandbox.base_url}/_sandbox/refunds/{provider_refund_id}/fail",
         json={"failure_reason": "expired_or_canceled_card"},
         headers=SANDBOX,
@@ -302,7 +303,7 @@ def test_a_refund_that_fails_after_it_succeeded_is_reversed_once_released_and_al
     assert refund_id in alert and "expired_or_canceled_card" in alert and "told it was paid" in alert
     [posted] = wait_for(lambda: svc.slack.received("webhook") or None, timeout=30, what="the Slack alert")
     assert refund_id in posted["text"] and "told it was paid" in posted["text"]
-    [event] = [e for e in httpx.get(f"{svc.env.sandbox.base_url}/_sandbox/events", headers=SANDBOX).json()]
+    [event] = [e for e in web.get(f"{svc.env.sandbox.base_url}/_sandbox/events", headers=SANDBOX).json()]
     assert recorded(event["id"]) == ("accepted", "reversed", refund_id)
 
     # Delivered again, and again as another event (Stripe sends refund.updated too): nothing more happens.
@@ -334,7 +335,7 @@ def test_a_reversed_refund_is_never_retried_into_a_paid_row_and_row_and_provider
     refund_id = submit(svc.client, "prov-no-retry-01")
     until(svc.client, refund_id, "completed")
     provider_refund_id = row(refund_id).provider_refund_id
-    httpx.post(
+    web.post(
         f"{svc.env.sandbox.base_url}/_sandbox/refunds/{provider_refund_id}/fail",
         json={"failure_reason": "lost_or_stolen_card"},
         headers=SANDBOX,

@@ -12,7 +12,6 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 from dbos import DBOSClient
 from markupsafe import escape
@@ -23,6 +22,7 @@ from agent.questions import ENDED_DETAIL, expiry_id, reminder_id
 from steps import audit, clients
 from steps.records import AuditEntry
 from steps.store import app_db
+from tests import web
 from tests.conftest import Env
 from tests.console_server import API_TOKEN, ConsoleServer, console_server, csrf_of, form
 from tests.evidence_server import EvidenceServer, demo_seed
@@ -47,7 +47,7 @@ def console(env: Env, sandbox: EvidenceServer) -> Iterator[tuple[ConsoleServer, 
 
 
 def submit(server: ConsoleServer, key: str, order_id: str, words: str) -> str:
-    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+    with web.client(base_url=server.base_url, timeout=30) as http:
         answer = http.post(
             "/refunds", json={"order_id": order_id, "message": words}, headers={**AUTH, "Idempotency-Key": key}
         )
@@ -56,7 +56,7 @@ def submit(server: ConsoleServer, key: str, order_id: str, words: str) -> str:
 
 
 def status(server: ConsoleServer, refund_id: str) -> dict[str, Any]:
-    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+    with web.client(base_url=server.base_url, timeout=30) as http:
         found: dict[str, Any] = http.get(f"/refunds/{refund_id}", headers=AUTH).raise_for_status().json()
     return found
 
@@ -70,7 +70,7 @@ def reaches(server: ConsoleServer, refund_id: str, wanted: str) -> dict[str, Any
 
 
 def conversation(server: ConsoleServer, refund_id: str) -> dict[str, Any]:
-    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+    with web.client(base_url=server.base_url, timeout=30) as http:
         found: dict[str, Any] = http.get(f"/refunds/{refund_id}/conversation", headers=AUTH).raise_for_status().json()
     return found
 
@@ -114,7 +114,7 @@ def test_a_lead_sends_a_waiting_refund_to_a_person_who_reads_why_and_a_later_ans
         return found if told and all(runs.get(t) != "DELAYED" for t in timers) else None
 
     parked = wait_for(settled, timeout=60, what="the refund parked with its timers ended")
-    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+    with web.client(base_url=server.base_url, timeout=30) as http:
         late = http.post(path, data={"received": "no"})
     assert late.status_code == 409 and "support team" in late.text
     assert (
@@ -159,7 +159,7 @@ def test_the_conversation_shows_the_question_the_answer_and_what_it_added_escape
     refund_id = submit(server, "lead-talk-0001", "ord_1010", "The book bundle arrived broken.")
     path = waiting(server, refund_id)
     words = "Here it is <img src=x onerror=alert('x')>"
-    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+    with web.client(base_url=server.base_url, timeout=30) as http:
         taken = http.post(path, files={"file": ("books.png", PNG, "image/png")}, data={"text": words})
     assert taken.status_code == 202, taken.text
 
@@ -197,7 +197,7 @@ def test_an_approvals_client_moves_a_wait_over_the_api_and_the_requester_may_not
     refund_id = submit(server, "lead-api-0001", "ord_1001", "My parcel never arrived.")
     waiting(server, refund_id)
     path = f"/refunds/{refund_id}/question"
-    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+    with web.client(base_url=server.base_url, timeout=30) as http:
         own = http.post(path, json={"move": "end"}, headers=AUTH)  # the requester's key: never its own judge
         odd = http.post(path, json={"move": "pay"}, headers=lead)
         extra = http.post(path, json={"move": "end", "operator": "operator:ada"}, headers=lead)
@@ -216,7 +216,7 @@ def test_an_approvals_client_moves_a_wait_over_the_api_and_the_requester_may_not
     assert again.status_code == 409 and again.json()["state"] == "to_person"
     parked = reaches(server, refund_id, "awaiting_approval")
     assert "support lead client:lead-desk sent it to a person" in parked["approval"]["request"]["reason"]
-    scraped = httpx.get(f"{server.base_url}/metrics").text
+    scraped = web.get(f"{server.base_url}/metrics").text
     moved_away = re.search(r'^refund_agent_customer_questions\{state="to_person"\} (\d+)', scraped, re.M)
     assert moved_away is not None and int(moved_away.group(1)) >= 1, scraped
     assert re.search(r"^refund_agent_customer_questions_overdue \d+", scraped, re.M)

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
-import httpx
 import pytest
 import sqlalchemy as sa
 from dbos import DBOSClient
@@ -25,6 +24,7 @@ from sandbox.webhooks import sign
 from steps import audit
 from steps.seed import seed
 from steps.store import app_db, orders, outbox, provider_events, refunds
+from tests import web
 from tests.capture import CaptureServer
 from tests.conftest import API_KEY, Env
 from tests.identities import HELPDESK
@@ -199,7 +199,7 @@ def served(env: Env) -> Iterator[tuple[ThreadedServer, DBOSClient]]:
     server.start()
     seed(app_db().engine)  # the embedded default seeds itself; Postgres does not
     client = runtime.client(settings)
-    with httpx.Client(headers={"Authorization": f"Bearer {API_KEY}"}) as http:
+    with web.client(headers={"Authorization": f"Bearer {API_KEY}"}) as http:
         target = {"url": f"{server.base_url}/webhooks/stripe", "secret": WEBHOOK_SECRET}
         http.put(f"{env.sandbox.base_url}/_sandbox/webhook", json=target).raise_for_status()
     try:
@@ -211,7 +211,7 @@ def served(env: Env) -> Iterator[tuple[ThreadedServer, DBOSClient]]:
 
 def settle_at_sandbox(env: Env, provider_refund_id: str, status: str, reason: str | None = None) -> None:
     body = {"status": status, "failure_reason": reason}
-    with httpx.Client(headers={"Authorization": f"Bearer {API_KEY}"}) as http:
+    with web.client(headers={"Authorization": f"Bearer {API_KEY}"}) as http:
         http.post(f"{env.sandbox.base_url}/_sandbox/refunds/{provider_refund_id}/settle", json=body).raise_for_status()
 
 
@@ -229,14 +229,14 @@ def test_a_verified_webhook_settles_a_pending_refund(
     ended = until(client, refund_id, "completed" if final == "succeeded" else "failed", timeout=30)
     assert ended["outcome"]["provider_status"] == final
     assert refunded_minor("ord_1001") == (4200 if final == "succeeded" else 0)
-    events = httpx.get(f"{env.sandbox.base_url}/_sandbox/events", headers={"Authorization": f"Bearer {API_KEY}"})
+    events = web.get(f"{env.sandbox.base_url}/_sandbox/events", headers={"Authorization": f"Bearer {API_KEY}"})
     event = {k: v for k, v in events.json()[-1].items() if k not in ("attempts", "delivered")}
     wf_ids = {wf.workflow_id for wf in client.list_workflows(workflow_id_prefix=f"{refund_id}/payment-")}
     assert f"{refund_id}/payment-event-{event['id']}" in wf_ids  # the webhook's settlement, not a re-read
     # The same event again (Stripe retries) settles nothing twice.
     payload = json.dumps(event)
     headers = {"Stripe-Signature": sign(payload, WEBHOOK_SECRET, int(time.time())), "Content-Type": JSON}
-    again = httpx.post(f"{server.base_url}/webhooks/stripe", content=payload, headers=headers)
+    again = web.post(f"{server.base_url}/webhooks/stripe", content=payload, headers=headers)
     assert again.status_code == 200 and again.json()["handled"] is False
     assert len([b for c, b in messages(refund_id) if c == "email"]) == (1 if final == "succeeded" else 0)
     assert chain_ok()
@@ -269,7 +269,7 @@ def test_a_webhook_without_a_valid_signature_is_refused_and_changes_nothing(
         {"Stripe-Signature": sign(payload, "whsec_someone_else", int(time.time()))},
         {"Stripe-Signature": sign(payload, WEBHOOK_SECRET, int(time.time()) - 3600)},  # stale
     ):
-        refused = httpx.post(
+        refused = web.post(
             f"{server.base_url}/webhooks/stripe", content=payload, headers=headers | {"Content-Type": JSON}
         )
         assert refused.status_code == 401, headers

@@ -24,6 +24,7 @@ from sandbox.ledger import Ledger
 from sandbox.ledger_records import Claimed, Refund
 from sandbox.ledger_tables import metadata
 from sandbox.payments import create_app
+from tests import web
 from tests.conftest import BACKENDS, PG_SERVER
 
 API_KEY = "sk_test_sandbox"
@@ -40,7 +41,7 @@ class Sandbox:
 
     def http(self, api_key: str | None = API_KEY) -> httpx.Client:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        return httpx.Client(base_url=self.base_url, headers=headers, timeout=30)
+        return web.client(base_url=self.base_url, headers=headers, timeout=30)
 
     def set_faults(self, **faults: Any) -> None:
         with self.http() as client:
@@ -82,7 +83,7 @@ def _serve(app: Any) -> tuple[str, Callable[[], None]]:
     deadline = time.monotonic() + 15
     while True:
         try:
-            if httpx.get(f"{base_url}/_sandbox/healthz", timeout=1).status_code == 200:
+            if web.get(f"{base_url}/_sandbox/healthz", timeout=1).status_code == 200:
                 break
         except httpx.TransportError:
             pass

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 
-import httpx
 import pytest
 import sqlalchemy as sa
 from dbos import DBOS
@@ -30,6 +29,7 @@ from agent.ops.processes import wait_for
 from agent.status import wait_for_outcome
 from agent.submit import submit_refund
 from steps.store import app_db, db_now_ms, executor_leases, refunds
+from tests import web
 from tests.conftest import BACKENDS, Env
 from tests.identities import HELPDESK
 from tests.scale_cluster import API_TOKEN, Cluster
@@ -141,7 +141,7 @@ def test_worker_killed_for_good_survivors_finish_all_fifty_refunds_once(env: Env
     assert cluster.leases()["worker-b"].state == heartbeat.RECOVERED
     assert_paid_once_each(env, cluster, {r: order for r, (order, _, _) in refunds.items()})
     assert not cluster.client.list_workflows(status=["PENDING", "ENQUEUED"], load_input=False)
-    scraped = httpx.get(f"{cluster.api_url}/metrics").text
+    scraped = web.get(f"{cluster.api_url}/metrics").text
     assert metric(scraped, 'refund_agent_refunds_total{outcome="completed"}') == 50
     assert metric(scraped, 'refund_agent_queue_depth{queue="refunds",status="ENQUEUED"}') == 0
 
@@ -259,7 +259,7 @@ def test_worker_counts_payment_retries_on_its_metrics_port(env: Env, cluster: Cl
     cluster.wait_done(["retried-1"])
 
     assert_paid_once_each(env, cluster, {"retried-1": "ord_1001"})
-    scraped = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    scraped = web.get(f"http://127.0.0.1:{port}/metrics").text
     assert metric(scraped, "refund_agent_payment_retries_total") == 2
 
 
@@ -268,9 +268,9 @@ def test_metrics_endpoint_wants_the_token_when_one_is_set(env: Env, cluster: Clu
     scrape_token = "scrape-secret-at-least-32-bytes-long"
     cluster.api(METRICS_TOKEN=scrape_token)
     assert cluster.api_url is not None
-    assert httpx.get(f"{cluster.api_url}/metrics").status_code == 401
-    assert httpx.get(f"{cluster.api_url}/metrics", headers={"Authorization": f"Bearer {API_TOKEN}"}).status_code == 401
-    ok = httpx.get(f"{cluster.api_url}/metrics", headers={"Authorization": f"Bearer {scrape_token}"})
+    assert web.get(f"{cluster.api_url}/metrics").status_code == 401
+    assert web.get(f"{cluster.api_url}/metrics", headers={"Authorization": f"Bearer {API_TOKEN}"}).status_code == 401
+    ok = web.get(f"{cluster.api_url}/metrics", headers={"Authorization": f"Bearer {scrape_token}"})
     assert ok.status_code == 200
     assert metric(ok.text, "refund_agent_parked_approvals") == 0
 

@@ -6,12 +6,11 @@ from __future__ import annotations
 import gc
 from pathlib import Path
 
-import httpx
 import pytest
 
 from agent.ops.processes import free_port, http_ok, spawn, stop, wait_for
 from steps.seed import demo_charges
-from tests import zygote
+from tests import web, zygote
 from tests.test_secrets import clean_env, refund_agent
 
 MAX_STARTUP_LINES = 15
@@ -56,7 +55,7 @@ def test_serve_says_where_everything_is_in_under_15_lines_and_no_secret(tmp_path
             assert value and value not in text, f"the value of {secret} was printed"
 
         token = (data / "api_token").read_text().strip()
-        with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=30) as http:
+        with web.client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=30) as http:
             body = {"order_id": "ord_1001", "message": "It arrived broken."}
             accepted = http.post("/refunds", json=body, headers={"Idempotency-Key": "quiet-steps-01"})
             assert accepted.status_code == 202, accepted.text
