@@ -13,9 +13,10 @@ import hmac
 import json
 import secrets
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from functools import cache
+from functools import cache, cached_property
 from typing import Any
 
 from agent.identity import ROLES, Operator, Role, parse_operators, role_at_least
@@ -79,13 +80,39 @@ def generated_admin(password: str) -> Operator:
     return Operator("admin", "admin", hash_password(password, salt=salt))
 
 
+class GeneratedAdmin(Mapping[str, Operator]):
+    """The operators when none is configured: ``admin`` alone, its hash made when first needed (a sign-in or a
+    session's check), not at every start: a scrypt hash costs 50 ms of CPU, and most starts never serve the console."""
+
+    def __init__(self, password: str) -> None:
+        self._password = password
+
+    @cached_property
+    def _admin(self) -> Operator:
+        return generated_admin(self._password)
+
+    def __getitem__(self, name: str) -> Operator:
+        if name != "admin":
+            raise KeyError(name)
+        return self._admin
+
+    def __contains__(self, name: object) -> bool:
+        return name == "admin"
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(("admin",))
+
+    def __len__(self) -> int:
+        return 1
+
+
 @cache
 def _dummy_hash() -> str:
     """Checked when the name is unknown, so a wrong name costs the same time as a wrong password."""
     return hash_password("not a real password", salt=b"\x00" * 16)
 
 
-def authenticate(operators: dict[str, Operator], name: str, password: str) -> Operator | None:
+def authenticate(operators: Mapping[str, Operator], name: str, password: str) -> Operator | None:
     operator = operators.get(name)
     ok = check_password(password, operator.password_hash if operator else _dummy_hash())
     return operator if ok and operator else None

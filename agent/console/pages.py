@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
@@ -87,7 +88,7 @@ HEADERS = {
 
 @dataclass
 class ConsoleState:
-    operators: dict[str, auth.Operator]
+    operators: Mapping[str, auth.Operator]
     secret: bytes
     """Signs the sign-in form's CSRF cookie and keys the sign-in throttle's name digests."""
     secure_cookie: bool
@@ -105,11 +106,11 @@ class ConsoleState:
 
 def setup(app: FastAPI, settings: Settings) -> None:
     """Load the operators (or make the default admin) and the keys; called in the server's lifespan."""
-    operators = auth.parse_operators(settings.approvals.operators)
+    operators: Mapping[str, auth.Operator] = auth.parse_operators(settings.approvals.operators)
     if not settings.console.password_sign_in:
         operators = {}  # no password signs anyone in, and sessions started with one end
     elif not operators:
-        operators = {"admin": auth.generated_admin(settings.console_admin_password())}
+        operators = auth.GeneratedAdmin(settings.console_admin_password())
         log.warning(
             "console: no operators configured; sign in at /console as 'admin' with the password in %s",
             settings.console_admin_password_file(),
