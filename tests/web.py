@@ -1,19 +1,13 @@
-"""The suite's HTTP clients: httpx's, with one TLS context for all of them. httpx builds a verifying context for
-every client it makes (parsing the CA bundle: 20-40 ms of CPU), and ``httpx.get`` makes a client per call."""
+"""The suite's HTTP clients: httpx's, with the service's one TLS context (steps/tls.py). httpx builds a verifying
+context for every client it makes (parsing the CA bundle: 20-40 ms of CPU), and ``httpx.get`` makes one per call."""
 
 from __future__ import annotations
 
-import functools
-import ssl
 from typing import Any
 
 import httpx
 
-
-@functools.cache
-def tls() -> ssl.SSLContext:
-    """httpx's default verifying context, built once per test process."""
-    return httpx.create_ssl_context()
+from steps.tls import client_context as tls
 
 
 def client(**kwargs: Any) -> httpx.Client:
