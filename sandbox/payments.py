@@ -15,10 +15,11 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import uvicorn
-from fastapi import Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -57,6 +58,44 @@ _CONFLICTS: dict[str, tuple[int, str, str | None]] = {  # Conflict.reason -> (st
 }
 
 
+@dataclass
+class SandboxState:
+    """One sandbox app's ledger, faults, webhook target and settings (``app.state.sandbox``). The routes are built
+    once per process (``router``) and read the app's own state, so an app costs nothing to build: FastAPI's
+    route analysis is about a millisecond a route, and the suite builds a sandbox for every test."""
+
+    ledger: Ledger
+    faults: FaultInjector
+    target: WebhookTarget
+    settler: Settler
+    api_key: str | None
+    key_ttl_seconds: float
+    in_flight_timeout_seconds: float
+    clock: Callable[[], float]
+
+
+def _state(request: Request) -> SandboxState:
+    state: SandboxState = request.app.state.sandbox
+    return state
+
+
+State = Annotated[SandboxState, Depends(_state)]
+
+
+def authenticate(request: Request) -> None:
+    presented = presented_key(request)
+    if presented is None:
+        raise StripeError(401, "invalid_request_error", "You did not provide an API key.")
+    api_key = _state(request).api_key
+    if api_key is not None and not hmac.compare_digest(presented.encode(), api_key.encode()):
+        raise StripeError(401, "invalid_request_error", "Invalid API Key provided.")
+
+
+#: Every route but the health check needs the API key.
+router = APIRouter(dependencies=[Depends(authenticate)])
+health = APIRouter()
+
+
 def create_app(
     *,
     database_url: str,
@@ -90,195 +129,211 @@ def create_app(
         ledger.close()
 
     app = FastAPI(title="refund-agent sandbox payments", lifespan=lifespan)
+    app.state.sandbox = SandboxState(
+        ledger, injector, target, settler, api_key, key_ttl_seconds, in_flight_timeout_seconds, clock
+    )
     app.state.ledger, app.state.faults, app.state.settler = ledger, injector, settler
-
-    def authenticate(request: Request) -> None:
-        presented = presented_key(request)
-        if presented is None:
-            raise StripeError(401, "invalid_request_error", "You did not provide an API key.")
-        if api_key is not None and not hmac.compare_digest(presented.encode(), api_key.encode()):
-            raise StripeError(401, "invalid_request_error", "Invalid API Key provided.")
-
-    auth = [Depends(authenticate)]
-
-    def resolve_charge(params: CreateParams) -> Charge:
-        charge = (
-            ledger.get_charge(params.charge)
-            if params.charge
-            else ledger.charge_of_payment_intent(params.payment_intent or "")
-        )
-        if charge is None:
-            param, value = ("charge", params.charge) if params.charge else ("payment_intent", params.payment_intent)
-            raise StripeError(404, "invalid_request_error", f"No such {param}: '{value}'", param, "resource_missing")
-        if params.currency is not None and params.currency != charge.currency:
-            # Stripe refunds a charge in its own currency; a refund naming another one is refused.
-            message = f"The currency {params.currency} does not match the charge's currency {charge.currency}."
-            raise invalid(message, "currency")
-        if params.amount is not None and charge.currency in _THREE_DECIMAL and params.amount % 10:
-            code = charge.currency.upper()
-            message = f"Amounts in {code} must be a multiple of 10 minor units: round to the nearest ten."
-            raise invalid(message, "amount")
-        return charge
-
-    @app.post("/v1/refunds", dependencies=auth)
-    def create_refund(request: Request, pairs: Annotated[list[tuple[str, str]], Depends(form_pairs)]) -> Response:
-        if (latency := injector.snapshot().latency_ms) > 0:
-            time.sleep(latency / 1000)
-        ledger.bump("create_requests")
-        params = parse_create(pairs)  # invalid requests never touch the key, as with Stripe
-        key = request.headers.get("idempotency-key") or None
-        if key is not None and len(key) > 255:
-            raise invalid("Idempotency keys can be at most 255 characters long.", "Idempotency-Key")
-        charge = resolve_charge(params)  # validation too: nothing is saved for the key
-        echo = {"Idempotency-Key": key} if key else {}
-        claim: tuple[str, str] | None = None
-        if key is not None:
-            ttls = {"ttl_seconds": key_ttl_seconds, "stale_after_seconds": in_flight_timeout_seconds}
-            outcome = ledger.claim_key(key, params.fingerprint(), now=clock(), **ttls)
-            if isinstance(outcome, Replay):
-                ledger.bump("replays")
-                return json_response(outcome.status_code, outcome.body, echo | {"Idempotent-Replayed": "true"})
-            if isinstance(outcome, Conflict):
-                status, message, code = _CONFLICTS[outcome.reason]
-                raise StripeError(status, "idempotency_error", message, code=code)
-            assert isinstance(outcome, Claimed)
-            claim = (key, outcome.token)
-        try:
-            return execute(params, charge, claim, echo)
-        except BaseException:
-            if claim is not None:  # nothing committed: do not leave the key stuck in flight
-                ledger.release_key(*claim)
-            raise
-
-    def execute(params: CreateParams, charge: Charge, claim: tuple[str, str] | None, echo: dict[str, str]) -> Response:
-        """The endpoint has started executing: from here on Stripe saves its answer for the key, 500s included."""
-        fault = injector.decide()
-        if fault == "fail":
-            error = StripeError(500, "api_error", "Injected failure (sandbox fault); nothing was applied.")
-            if claim is not None:
-                ledger.save_response(claim, 500, error.body())
-            ledger.bump("faults_injected")
-            logger.info("sandbox fault: saved a 500 for a refund of %s", charge.id)
-            return json_response(500, error.body(), echo)
-        lifecycle = injector.lifecycle()
-        now = clock()
-        settings = injector.snapshot()
-        pending = lifecycle != "succeeded"
-        refund = Refund(
-            id=f"re_{secrets.token_hex(12)}",
-            charge=charge.id,
-            amount=params.amount if params.amount is not None else max(charge.amount - charge.amount_refunded, 1),
-            currency=charge.currency,
-            reason=params.reason,
-            metadata=params.metadata,
-            created=int(now),
-            status="pending" if pending else "succeeded",
-            settle_at=(now + settings.settle_after_ms / 1000) if pending and settings.settle_after_ms >= 0 else None,
-            settle_to=("failed" if lifecycle == "pending_failed" else "succeeded") if pending else None,
-            settle_failure_reason=settings.failure_reason if lifecycle == "pending_failed" else None,
-        )
-        applied = ledger.apply_refund(refund, claim=claim)
-        if applied is None:
-            raise StripeError(409, "idempotency_error", "Idempotency key was taken over; retry.")
-        if isinstance(applied, Refused):
-            return StripeError(400, "invalid_request_error", applied.message, applied.param, applied.code).response(
-                echo
-            )
-        body = json.dumps(applied.to_stripe())
-        if fault == "drop":
-            ledger.bump("faults_injected")
-            logger.info("sandbox fault: applied %s but dropping the response", applied.id)
-            raise StripeError(500, "api_error", "Response lost (sandbox fault).")
-        return json_response(200, body, echo)
-
-    @app.get("/v1/refunds/{refund_id}", dependencies=auth)
-    def retrieve_refund(refund_id: str) -> Response:
-        refund = ledger.get_refund(refund_id)
-        if refund is None:
-            message = f"No such refund: '{refund_id}'"
-            raise StripeError(404, "invalid_request_error", message, "id", "resource_missing")
-        return json_response(200, refund.to_stripe())
-
-    @app.get("/v1/refunds", dependencies=auth)
-    def list_refunds(request: Request) -> Response:
-        filters = parse_list(request.query_params.multi_items())
-        for cursor in ("starting_after", "ending_before"):
-            if filters[cursor] is not None and ledger.get_refund(filters[cursor]) is None:
-                raise invalid(f"No such refund: '{filters[cursor]}'", cursor, "resource_missing")
-        page, has_more = ledger.list_refunds(**filters)
-        data = [r.to_stripe() for r in page]
-        return json_response(200, {"object": "list", "data": data, "has_more": has_more, "url": "/v1/refunds"})
-
-    @app.get("/v1/charges/{charge_id}", dependencies=auth)
-    def retrieve_charge(charge_id: str) -> Response:
-        charge = ledger.get_charge(charge_id)
-        if charge is None:
-            message = f"No such charge: '{charge_id}'"
-            raise StripeError(404, "invalid_request_error", message, "id", "resource_missing")
-        return json_response(200, charge.to_stripe())
-
-    @app.get("/_sandbox/healthz")
-    def healthz() -> dict[str, bool]:
-        return {"ok": True}
-
-    @app.get("/_sandbox/stats", dependencies=auth)
-    def stats() -> dict[str, int]:
-        return ledger.stats()
-
-    @app.put("/_sandbox/faults", dependencies=auth)
-    def put_faults(new: Faults) -> Faults:
-        injector.replace(new)
-        logger.info("sandbox faults replaced: %s", new)
-        return injector.snapshot()
-
-    @app.post("/_sandbox/charges", dependencies=auth)
-    def post_charges(new: list[NewCharge]) -> list[dict[str, Any]]:
-        """Create charges (an id that exists is left as it is); returns them as stored."""
-        made = [Charge(**c.model_dump(), created=int(clock())) for c in new]
-        return [c.to_stripe() for c in ledger.add_charges(made)]
-
-    @app.post("/_sandbox/refunds/{refund_id}/settle", dependencies=auth)
-    def settle_refund(refund_id: str, how: Settlement) -> Response:
-        """Settle a pending refund now (tests), emitting its event; 409 when it is not pending."""
-        if ledger.get_refund(refund_id) is None:
-            raise StripeError(404, "invalid_request_error", f"No such refund: '{refund_id}'", "id", "resource_missing")
-        if ledger.settle(refund_id, how.status, how.failure_reason, now=clock()) is None:
-            raise StripeError(409, "invalid_request_error", f"Refund {refund_id} is not pending.")
-        settler.tick()
-        return retrieve_refund(refund_id)
-
-    @app.post("/_sandbox/refunds/{refund_id}/fail", dependencies=auth)
-    def fail_refund(refund_id: str, how: Reversal) -> Response:
-        """Fail a refund that succeeded (Stripe allows it: the bank returned the money), emitting its signed
-        ``refund.failed`` event (tests); 409 when it is not succeeded."""
-        if ledger.get_refund(refund_id) is None:
-            raise StripeError(404, "invalid_request_error", f"No such refund: '{refund_id}'", "id", "resource_missing")
-        if ledger.fail_succeeded(refund_id, how.failure_reason, now=clock()) is None:
-            raise StripeError(409, "invalid_request_error", f"Refund {refund_id} has not succeeded.")
-        settler.tick()
-        return retrieve_refund(refund_id)
-
-    @app.put("/_sandbox/webhook", dependencies=auth)
-    def put_webhook(new: WebhookSettings) -> dict[str, str | None]:
-        target.url, target.secret = new.url, new.secret
-        return {"url": target.url}
-
-    @app.get("/_sandbox/events", dependencies=auth)
-    def list_events() -> list[dict[str, Any]]:
-        return ledger.list_events()
-
-    risk.add_routes(app, ledger, auth, invalid)
-
-    @app.exception_handler(StripeError)
-    async def stripe_error(_request: Request, exc: StripeError) -> Response:
-        return exc.response()
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        message = f"Unrecognized request URL ({request.method}: {request.url.path})."
-        return StripeError(exc.status_code, "invalid_request_error", message).response()
-
+    app.include_router(health)
+    app.include_router(router)
+    app.include_router(risk.router, dependencies=[Depends(authenticate)])
+    app.add_exception_handler(StripeError, _stripe_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
     return app
+
+
+async def _stripe_error(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StripeError)
+    return exc.response()
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)
+    message = f"Unrecognized request URL ({request.method}: {request.url.path})."
+    return StripeError(exc.status_code, "invalid_request_error", message).response()
+
+
+def resolve_charge(ledger: Ledger, params: CreateParams) -> Charge:
+    charge = (
+        ledger.get_charge(params.charge)
+        if params.charge
+        else ledger.charge_of_payment_intent(params.payment_intent or "")
+    )
+    if charge is None:
+        param, value = ("charge", params.charge) if params.charge else ("payment_intent", params.payment_intent)
+        raise StripeError(404, "invalid_request_error", f"No such {param}: '{value}'", param, "resource_missing")
+    if params.currency is not None and params.currency != charge.currency:
+        # Stripe refunds a charge in its own currency; a refund naming another one is refused.
+        message = f"The currency {params.currency} does not match the charge's currency {charge.currency}."
+        raise invalid(message, "currency")
+    if params.amount is not None and charge.currency in _THREE_DECIMAL and params.amount % 10:
+        code = charge.currency.upper()
+        message = f"Amounts in {code} must be a multiple of 10 minor units: round to the nearest ten."
+        raise invalid(message, "amount")
+    return charge
+
+
+@router.post("/v1/refunds")
+def create_refund(
+    request: Request, sb: State, pairs: Annotated[list[tuple[str, str]], Depends(form_pairs)]
+) -> Response:
+    ledger, injector = sb.ledger, sb.faults
+    if (latency := injector.snapshot().latency_ms) > 0:
+        time.sleep(latency / 1000)
+    ledger.bump("create_requests")
+    params = parse_create(pairs)  # invalid requests never touch the key, as with Stripe
+    key = request.headers.get("idempotency-key") or None
+    if key is not None and len(key) > 255:
+        raise invalid("Idempotency keys can be at most 255 characters long.", "Idempotency-Key")
+    charge = resolve_charge(ledger, params)  # validation too: nothing is saved for the key
+    echo = {"Idempotency-Key": key} if key else {}
+    claim: tuple[str, str] | None = None
+    if key is not None:
+        ttls = {"ttl_seconds": sb.key_ttl_seconds, "stale_after_seconds": sb.in_flight_timeout_seconds}
+        outcome = ledger.claim_key(key, params.fingerprint(), now=sb.clock(), **ttls)
+        if isinstance(outcome, Replay):
+            ledger.bump("replays")
+            return json_response(outcome.status_code, outcome.body, echo | {"Idempotent-Replayed": "true"})
+        if isinstance(outcome, Conflict):
+            status, message, code = _CONFLICTS[outcome.reason]
+            raise StripeError(status, "idempotency_error", message, code=code)
+        assert isinstance(outcome, Claimed)
+        claim = (key, outcome.token)
+    try:
+        return execute(sb, params, charge, claim, echo)
+    except BaseException:
+        if claim is not None:  # nothing committed: do not leave the key stuck in flight
+            ledger.release_key(*claim)
+        raise
+
+
+def execute(
+    sb: SandboxState, params: CreateParams, charge: Charge, claim: tuple[str, str] | None, echo: dict[str, str]
+) -> Response:
+    """The endpoint has started executing: from here on Stripe saves its answer for the key, 500s included."""
+    ledger, injector = sb.ledger, sb.faults
+    fault = injector.decide()
+    if fault == "fail":
+        error = StripeError(500, "api_error", "Injected failure (sandbox fault); nothing was applied.")
+        if claim is not None:
+            ledger.save_response(claim, 500, error.body())
+        ledger.bump("faults_injected")
+        logger.info("sandbox fault: saved a 500 for a refund of %s", charge.id)
+        return json_response(500, error.body(), echo)
+    lifecycle = injector.lifecycle()
+    now = sb.clock()
+    settings = injector.snapshot()
+    pending = lifecycle != "succeeded"
+    refund = Refund(
+        id=f"re_{secrets.token_hex(12)}",
+        charge=charge.id,
+        amount=params.amount if params.amount is not None else max(charge.amount - charge.amount_refunded, 1),
+        currency=charge.currency,
+        reason=params.reason,
+        metadata=params.metadata,
+        created=int(now),
+        status="pending" if pending else "succeeded",
+        settle_at=(now + settings.settle_after_ms / 1000) if pending and settings.settle_after_ms >= 0 else None,
+        settle_to=("failed" if lifecycle == "pending_failed" else "succeeded") if pending else None,
+        settle_failure_reason=settings.failure_reason if lifecycle == "pending_failed" else None,
+    )
+    applied = ledger.apply_refund(refund, claim=claim)
+    if applied is None:
+        raise StripeError(409, "idempotency_error", "Idempotency key was taken over; retry.")
+    if isinstance(applied, Refused):
+        return StripeError(400, "invalid_request_error", applied.message, applied.param, applied.code).response(echo)
+    body = json.dumps(applied.to_stripe())
+    if fault == "drop":
+        ledger.bump("faults_injected")
+        logger.info("sandbox fault: applied %s but dropping the response", applied.id)
+        raise StripeError(500, "api_error", "Response lost (sandbox fault).")
+    return json_response(200, body, echo)
+
+
+@router.get("/v1/refunds/{refund_id}")
+def retrieve_refund(refund_id: str, sb: State) -> Response:
+    refund = sb.ledger.get_refund(refund_id)
+    if refund is None:
+        message = f"No such refund: '{refund_id}'"
+        raise StripeError(404, "invalid_request_error", message, "id", "resource_missing")
+    return json_response(200, refund.to_stripe())
+
+
+@router.get("/v1/refunds")
+def list_refunds(request: Request, sb: State) -> Response:
+    filters = parse_list(request.query_params.multi_items())
+    for cursor in ("starting_after", "ending_before"):
+        if filters[cursor] is not None and sb.ledger.get_refund(filters[cursor]) is None:
+            raise invalid(f"No such refund: '{filters[cursor]}'", cursor, "resource_missing")
+    page, has_more = sb.ledger.list_refunds(**filters)
+    data = [r.to_stripe() for r in page]
+    return json_response(200, {"object": "list", "data": data, "has_more": has_more, "url": "/v1/refunds"})
+
+
+@router.get("/v1/charges/{charge_id}")
+def retrieve_charge(charge_id: str, sb: State) -> Response:
+    charge = sb.ledger.get_charge(charge_id)
+    if charge is None:
+        message = f"No such charge: '{charge_id}'"
+        raise StripeError(404, "invalid_request_error", message, "id", "resource_missing")
+    return json_response(200, charge.to_stripe())
+
+
+@health.get("/_sandbox/healthz")
+def healthz() -> dict[str, bool]:
+    return {"ok": True}
+
+
+@router.get("/_sandbox/stats")
+def stats(sb: State) -> dict[str, int]:
+    return sb.ledger.stats()
+
+
+@router.put("/_sandbox/faults")
+def put_faults(new: Faults, sb: State) -> Faults:
+    sb.faults.replace(new)
+    logger.info("sandbox faults replaced: %s", new)
+    return sb.faults.snapshot()
+
+
+@router.post("/_sandbox/charges")
+def post_charges(new: list[NewCharge], sb: State) -> list[dict[str, Any]]:
+    """Create charges (an id that exists is left as it is); returns them as stored."""
+    made = [Charge(**c.model_dump(), created=int(sb.clock())) for c in new]
+    return [c.to_stripe() for c in sb.ledger.add_charges(made)]
+
+
+@router.post("/_sandbox/refunds/{refund_id}/settle")
+def settle_refund(refund_id: str, how: Settlement, sb: State) -> Response:
+    """Settle a pending refund now (tests), emitting its event; 409 when it is not pending."""
+    if sb.ledger.get_refund(refund_id) is None:
+        raise StripeError(404, "invalid_request_error", f"No such refund: '{refund_id}'", "id", "resource_missing")
+    if sb.ledger.settle(refund_id, how.status, how.failure_reason, now=sb.clock()) is None:
+        raise StripeError(409, "invalid_request_error", f"Refund {refund_id} is not pending.")
+    sb.settler.tick()
+    return retrieve_refund(refund_id, sb)
+
+
+@router.post("/_sandbox/refunds/{refund_id}/fail")
+def fail_refund(refund_id: str, how: Reversal, sb: State) -> Response:
+    """Fail a refund that succeeded (Stripe allows it: the bank returned the money), emitting its signed
+    ``refund.failed`` event (tests); 409 when it is not succeeded."""
+    if sb.ledger.get_refund(refund_id) is None:
+        raise StripeError(404, "invalid_request_error", f"No such refund: '{refund_id}'", "id", "resource_missing")
+    if sb.ledger.fail_succeeded(refund_id, how.failure_reason, now=sb.clock()) is None:
+        raise StripeError(409, "invalid_request_error", f"Refund {refund_id} has not succeeded.")
+    sb.settler.tick()
+    return retrieve_refund(refund_id, sb)
+
+
+@router.put("/_sandbox/webhook")
+def put_webhook(new: WebhookSettings, sb: State) -> dict[str, str | None]:
+    sb.target.url, sb.target.secret = new.url, new.secret
+    return {"url": sb.target.url}
+
+
+@router.get("/_sandbox/events")
+def list_events(sb: State) -> list[dict[str, Any]]:
+    return sb.ledger.list_events()
 
 
 class NewCharge(BaseModel):

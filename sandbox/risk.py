@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import sqlalchemy as sa
-from fastapi import FastAPI, Request
-from fastapi.params import Depends
+from fastapi import APIRouter, Depends, Request
 
 from sandbox.evidence_seed import RiskSeed
 from sandbox.ledger import Ledger
 from sandbox.ledger_tables import CHARGEBACK_OPEN, risk_signals
+from sandbox.stripe_api import invalid
 
 Kind = Literal["early_fraud_warning", "dispute"]
 _PG_RISK_LOCK = 0x5A4E_D80D  # serialises concurrent replacements on Postgres
@@ -102,30 +101,40 @@ def listing(ledger: Ledger, kind: Kind, charge: str | None, limit: int) -> tuple
     return rows[:limit], len(rows) > limit
 
 
-def add_routes(app: FastAPI, ledger: Ledger, auth: Sequence[Depends], invalid: Callable[[str, str], Exception]) -> None:
-    """Stripe's two list endpoints and the admin seed endpoint, behind the payments sandbox's auth."""
+def _ledger(request: Request) -> Ledger:
+    ledger: Ledger = request.app.state.ledger
+    return ledger
 
-    def list_of(kind: Kind, url: str, request: Request) -> dict[str, Any]:
-        params = dict(request.query_params)
-        unknown = set(params) - {"charge", "payment_intent", "limit", "starting_after", "ending_before"}
-        if unknown:
-            name = sorted(unknown)[0]
-            raise invalid(f"Received unknown parameter: {name}", name)
-        limit_text = params.get("limit", "10")
-        if not limit_text.isdigit() or not 1 <= int(limit_text) <= 100:
-            raise invalid("limit must be an integer between 1 and 100.", "limit")
-        data, has_more = listing(ledger, kind, params.get("charge"), int(limit_text))
-        return {"object": "list", "data": data, "has_more": has_more, "url": url}
 
-    @app.get("/v1/radar/early_fraud_warnings", dependencies=list(auth))
-    def list_early_fraud_warnings(request: Request) -> dict[str, Any]:
-        return list_of("early_fraud_warning", "/v1/radar/early_fraud_warnings", request)
+#: Stripe's two list endpoints and the admin seed endpoint; the payments sandbox includes them behind its auth.
+router = APIRouter()
+AppLedger = Annotated[Ledger, Depends(_ledger)]
 
-    @app.get("/v1/disputes", dependencies=list(auth))
-    def list_disputes(request: Request) -> dict[str, Any]:
-        return list_of("dispute", "/v1/disputes", request)
 
-    @app.put("/_sandbox/risk", dependencies=list(auth))
-    def put_risk(new: RiskSeed) -> dict[str, int]:
-        """Replace the early fraud warnings and disputes; times are fixed from this moment."""
-        return {"signals": replace(ledger, new)}
+def _list_of(ledger: Ledger, kind: Kind, url: str, request: Request) -> dict[str, Any]:
+    params = dict(request.query_params)
+    unknown = set(params) - {"charge", "payment_intent", "limit", "starting_after", "ending_before"}
+    if unknown:
+        name = sorted(unknown)[0]
+        raise invalid(f"Received unknown parameter: {name}", name)
+    limit_text = params.get("limit", "10")
+    if not limit_text.isdigit() or not 1 <= int(limit_text) <= 100:
+        raise invalid("limit must be an integer between 1 and 100.", "limit")
+    data, has_more = listing(ledger, kind, params.get("charge"), int(limit_text))
+    return {"object": "list", "data": data, "has_more": has_more, "url": url}
+
+
+@router.get("/v1/radar/early_fraud_warnings")
+def list_early_fraud_warnings(request: Request, ledger: AppLedger) -> dict[str, Any]:
+    return _list_of(ledger, "early_fraud_warning", "/v1/radar/early_fraud_warnings", request)
+
+
+@router.get("/v1/disputes")
+def list_disputes(request: Request, ledger: AppLedger) -> dict[str, Any]:
+    return _list_of(ledger, "dispute", "/v1/disputes", request)
+
+
+@router.put("/_sandbox/risk")
+def put_risk(new: RiskSeed, ledger: AppLedger) -> dict[str, int]:
+    """Replace the early fraud warnings and disputes; times are fixed from this moment."""
+    return {"signals": replace(ledger, new)}
