@@ -314,6 +314,12 @@ class Ledger:
         with self.engine.begin() as conn:
             return [_to_refund(r) for r in conn.execute(query.order_by(refunds.c.seq).limit(100)).all()]
 
+    def has_pending_settlements(self) -> bool:
+        """A refund is pending with a time to settle (due or not)."""
+        query = sa.select(sa.exists().where(refunds.c.status == "pending", refunds.c.settle_at.is_not(None)))
+        with self.engine.begin() as conn:
+            return bool(conn.execute(query).scalar_one())
+
     # -- events --------------------------------------------------------------------------------------
 
     def undelivered_events(self, max_attempts: int) -> list[tuple[str, str, dict[str, Any]]]:

@@ -237,6 +237,8 @@ def execute(
         settle_failure_reason=settings.failure_reason if lifecycle == "pending_failed" else None,
     )
     applied = ledger.apply_refund(refund, claim=claim)
+    if pending:
+        sb.settler.wake()
     if applied is None:
         raise StripeError(409, "idempotency_error", "Idempotency key was taken over; retry.")
     if isinstance(applied, Refused):
@@ -328,6 +330,7 @@ def fail_refund(refund_id: str, how: Reversal, sb: State) -> Response:
 @router.put("/_sandbox/webhook")
 def put_webhook(new: WebhookSettings, sb: State) -> dict[str, str | None]:
     sb.target.url, sb.target.secret = new.url, new.secret
+    sb.settler.wake()
     return {"url": sb.target.url}
 
 

@@ -48,13 +48,23 @@ class WebhookTarget:
 
 
 class Settler:
-    """A background thread: settles pending refunds that fell due and delivers undelivered events."""
+    """A background thread: settles pending refunds that fell due and delivers undelivered events. It looks every
+    ``interval`` while there is work ahead (a refund pending, an event not yet delivered) and every
+    ``idle_interval`` otherwise, or at once when ``wake`` says a pending refund was taken or the target changed."""
 
     def __init__(
-        self, ledger: Ledger, target: WebhookTarget, *, clock: Callable[[], float], interval: float = 0.1
+        self,
+        ledger: Ledger,
+        target: WebhookTarget,
+        *,
+        clock: Callable[[], float],
+        interval: float = 0.1,
+        idle_interval: float = 1.0,
     ) -> None:
-        self.ledger, self.target, self.clock, self.interval = ledger, target, clock, interval
+        self.ledger, self.target, self.clock = ledger, target, clock
+        self.interval, self.idle_interval = interval, idle_interval
         self._stop = threading.Event()
+        self._woken = threading.Event()
         # The background thread and the admin endpoints both tick: one at a time, or both deliver the same event.
         self._ticking = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="sandbox-settler", daemon=True)
@@ -63,35 +73,51 @@ class Settler:
     def start(self) -> None:
         self._thread.start()
 
+    def wake(self) -> None:
+        """Look now: a pending refund was taken, or events have somewhere new to go."""
+        self._woken.set()
+
     def stop(self) -> None:
         self._stop.set()
+        self._woken.set()
         self._thread.join(timeout=15)
         if self._http is not None:
             self._http.close()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        busy = True
+        while True:
+            self._woken.wait(self.interval if busy else self.idle_interval)
+            self._woken.clear()  # a wake from here on is seen by the tick below, which reads after it
+            if self._stop.is_set():
+                return
             try:
-                self.tick()
+                busy = self.tick()
             except Exception:  # a sandbox must keep serving: log and try again next tick
                 logger.exception("sandbox settler tick failed")
+                busy = True
 
-    def tick(self) -> None:
+    def tick(self) -> bool:
+        """Settle what fell due and deliver what is undelivered; whether work is left (a refund still pending, an
+        event not delivered)."""
         with self._ticking:
-            self._tick()
+            return self._tick()
 
-    def _tick(self) -> None:
+    def _tick(self) -> bool:
         now = self.clock()
         for refund in self.ledger.due_settlements(now):
             assert refund.settle_to is not None
             if self.ledger.settle(refund.id, refund.settle_to, refund.settle_failure_reason, now=now):
                 logger.info("sandbox: refund %s settled %s", refund.id, refund.settle_to)
+        undelivered = False
         target = dataclasses.replace(self.target)
-        if target.url is None:
-            return
-        for event_id, event_type, event in self.ledger.undelivered_events(MAX_DELIVERY_ATTEMPTS):
-            self.ledger.mark_event(event_id, delivered=self._deliver(target, event))
-            logger.info("sandbox: event %s (%s) for %s", event_id, event_type, _object_id(event))
+        if target.url is not None:
+            for event_id, event_type, event in self.ledger.undelivered_events(MAX_DELIVERY_ATTEMPTS):
+                delivered = self._deliver(target, event)
+                self.ledger.mark_event(event_id, delivered=delivered)
+                undelivered = undelivered or not delivered
+                logger.info("sandbox: event %s (%s) for %s", event_id, event_type, _object_id(event))
+        return undelivered or self.ledger.has_pending_settlements()
 
     def _deliver(self, target: WebhookTarget, event: dict[str, Any]) -> bool:
         assert target.url is not None
