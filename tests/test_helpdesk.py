@@ -345,7 +345,7 @@ def test_a_comment_posted_by_a_worker_that_died_before_recording_it_is_not_poste
     posted, lost = f"{refund_id}:customer", f"{refund_id}:customer:waiting"
     dead = "d" * 32
     with app_db().engine.begin() as conn:
-        until = db_now_ms(conn) + 1500
+        until = db_now_ms(conn) + 600_000  # held until the dead worker's post is on the ticket (below)
         for key in (posted, lost):
             conn.execute(
                 outbox.insert().values(
@@ -359,6 +359,9 @@ def test_a_comment_posted_by_a_worker_that_died_before_recording_it_is_not_poste
     config = helpdesk.TicketsConfig(zendesk.base_url, str(CREDENTIALS.tickets_email), str(CREDENTIALS.tickets_token))
     helpdesk.deliver(config, claim)  # the dead worker's attempt reached the ticket; its record never happened
     assert len(marked(zendesk, 512, posted)) == 1 and state(posted).delivery_state == "sending"
+    with app_db().engine.begin() as conn:  # the dead worker's leases run out
+        ran_out = db_now_ms(conn)
+        conn.execute(sa.update(outbox).where(outbox.c.claimed_by == "dead-worker").values(claim_until_ms=ran_out))
     sent(posted, lost)
     assert len(marked(zendesk, 512, posted)) == 1  # not posted again
     assert len(marked(zendesk, 512, lost)) == 1  # posted once, by the survivor
