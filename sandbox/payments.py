@@ -152,6 +152,11 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return StripeError(exc.status_code, "invalid_request_error", message).response()
 
 
+def no_such(kind: str, object_id: str) -> StripeError:
+    """Stripe's 404 for an id it does not know."""
+    return StripeError(404, "invalid_request_error", f"No such {kind}: '{object_id}'", "id", "resource_missing")
+
+
 def resolve_charge(ledger: Ledger, params: CreateParams) -> Charge:
     charge = (
         ledger.get_charge(params.charge)
@@ -255,8 +260,7 @@ def execute(
 def retrieve_refund(refund_id: str, sb: State) -> Response:
     refund = sb.ledger.get_refund(refund_id)
     if refund is None:
-        message = f"No such refund: '{refund_id}'"
-        raise StripeError(404, "invalid_request_error", message, "id", "resource_missing")
+        raise no_such("refund", refund_id)
     return json_response(200, refund.to_stripe())
 
 
@@ -275,8 +279,7 @@ def list_refunds(request: Request, sb: State) -> Response:
 def retrieve_charge(charge_id: str, sb: State) -> Response:
     charge = sb.ledger.get_charge(charge_id)
     if charge is None:
-        message = f"No such charge: '{charge_id}'"
-        raise StripeError(404, "invalid_request_error", message, "id", "resource_missing")
+        raise no_such("charge", charge_id)
     return json_response(200, charge.to_stripe())
 
 
@@ -308,7 +311,7 @@ def post_charges(new: list[NewCharge], sb: State) -> list[dict[str, Any]]:
 def settle_refund(refund_id: str, how: Settlement, sb: State) -> Response:
     """Settle a pending refund now (tests), emitting its event; 409 when it is not pending."""
     if sb.ledger.get_refund(refund_id) is None:
-        raise StripeError(404, "invalid_request_error", f"No such refund: '{refund_id}'", "id", "resource_missing")
+        raise no_such("refund", refund_id)
     if sb.ledger.settle(refund_id, how.status, how.failure_reason, now=sb.clock()) is None:
         raise StripeError(409, "invalid_request_error", f"Refund {refund_id} is not pending.")
     sb.settler.tick()
@@ -320,7 +323,7 @@ def fail_refund(refund_id: str, how: Reversal, sb: State) -> Response:
     """Fail a refund that succeeded (Stripe allows it: the bank returned the money), emitting its signed
     ``refund.failed`` event (tests); 409 when it is not succeeded."""
     if sb.ledger.get_refund(refund_id) is None:
-        raise StripeError(404, "invalid_request_error", f"No such refund: '{refund_id}'", "id", "resource_missing")
+        raise no_such("refund", refund_id)
     if sb.ledger.fail_succeeded(refund_id, how.failure_reason, now=sb.clock()) is None:
         raise StripeError(409, "invalid_request_error", f"Refund {refund_id} has not succeeded.")
     sb.settler.tick()

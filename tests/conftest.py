@@ -189,6 +189,7 @@ class _Layout:
     the tables migrations fill (kept), and a digest of its schema and of the kept rows."""
 
     emptied: list[Table]
+    kept: list[Table]
     digest: str
 
 
@@ -247,11 +248,7 @@ def _layout(url: str) -> _Layout:
     with psycopg.connect(url, autocommit=True) as conn:
         tables = _user_tables(conn)
         kept = _filled(conn, tables)
-        return _Layout([t for t in tables if t not in kept], _digest(conn, kept))
-
-
-def _kept(layout: _Layout, conn: psycopg.Connection[Any]) -> list[Table]:
-    return [t for t in _user_tables(conn) if t not in layout.emptied]
+        return _Layout([t for t in tables if t not in kept], kept, _digest(conn, kept))
 
 
 class _PostgresPool:
@@ -339,7 +336,7 @@ def _emptied(dbs: Databases, layouts: list[_Layout]) -> Databases | None:
                 " FROM pg_sequences WHERE schemaname NOT IN ('pg_catalog', 'information_schema')"
                 " AND last_value IS NOT NULL"
             )
-            if _digest(conn, _kept(layout, conn)) != layout.digest:
+            if _digest(conn, layout.kept) != layout.digest:
                 return None
     return fresh
 
