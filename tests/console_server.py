@@ -7,7 +7,6 @@ import hashlib
 import re
 import secrets
 import socket
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -19,12 +18,11 @@ from dbos import DBOSClient
 
 from agent import runtime
 from agent.http.server import UVICORN_PROXY_OPTIONS, create_app
-from agent.ops.processes import free_port
 from steps.seed import seed
 from steps.store import app_db
 from tests import web
 from tests.conftest import Env
-from tests.servers import ThreadedServer
+from tests.servers import ThreadedServer, bound_socket
 
 
 def quick_hash(password: str) -> str:
@@ -54,7 +52,8 @@ class ConsoleServer(ThreadedServer):
         **overrides: Any,
     ) -> None:
         """``reserved``: serve on that held socket's port (one a provider knows and redirects to)."""
-        port = reserved.getsockname()[1] if reserved else free_port()
+        sock = reserved.dup() if reserved else bound_socket()  # a copy of a reserved one: it stays held after a stop
+        port = int(sock.getsockname()[1])
         values: dict[str, Any] = {
             "refund_agent_operators": OPERATORS if operators is None else operators,
             "refund_agent_session_secret": "test-session-secret-at-least-32-bytes-long",
@@ -66,16 +65,9 @@ class ConsoleServer(ThreadedServer):
         self.settings = env.settings(**{**values, **overrides})
         # As `refund-agent serve` runs it: uvicorn's own X-Forwarded-For handling off.
         config = uvicorn.Config(
-            create_app(self.settings, freeze_heap=False),
-            host="127.0.0.1",
-            port=port,
-            log_level="warning",
-            **UVICORN_PROXY_OPTIONS,
+            create_app(self.settings, freeze_heap=False), host="127.0.0.1", log_level="warning", **UVICORN_PROXY_OPTIONS
         )
-        self.port = port
-        self.server = uvicorn.Server(config)
-        sockets = [reserved.dup()] if reserved else None  # a copy: the port stays held when the server stops
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": sockets}, daemon=True)
+        self.serve_on(config, sock)
 
     @contextmanager
     def signed_in(self, name: str, password: str | None = None, **headers: str) -> Iterator[httpx.Client]:

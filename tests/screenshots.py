@@ -31,7 +31,7 @@ from agent.ops.processes import free_port
 from agent.settings import Settings
 from agent.status import parked, wait_for_outcome
 from tests import web
-from tests.servers import ThreadedServer
+from tests.servers import ThreadedServer, bound_socket
 
 CHROMIUM = "/usr/bin/chromium"
 OUT = Path(__file__).parents[1] / "docs" / "console"
@@ -70,7 +70,8 @@ def main() -> int:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="refund-console-") as data:
-        port = free_port()
+        sock = bound_socket()
+        port = int(sock.getsockname()[1])
         settings = Settings(
             refund_agent_data_dir=Path(data),
             refund_agent_port=port,
@@ -80,7 +81,7 @@ def main() -> int:
             refund_agent_api_token=SecretStr(TOKEN),
             refund_agent_executor_id="screenshots",
         )
-        server = ThreadedServer(create_app(settings, freeze_heap=False), port=port)
+        server = ThreadedServer(create_app(settings, freeze_heap=False), sock=sock)
         server.start()
         client = runtime.client(settings)
         try:

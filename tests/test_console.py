@@ -21,7 +21,7 @@ from agent import status
 from agent.approvals import settle_id
 from agent.console import auth
 from agent.http.server import create_app
-from agent.ops.processes import free_port, wait_for
+from agent.ops.processes import wait_for
 from agent.settings import Settings
 from agent.status import refund_status, wait_for_outcome
 from steps import audit
@@ -30,7 +30,7 @@ from tests import web, zygote
 from tests.conftest import Env
 from tests.console_server import PASSWORDS, ConsoleServer, console_server, csrf_of, form
 from tests.identities import link_token
-from tests.servers import ThreadedServer
+from tests.servers import ThreadedServer, bound_socket
 from tests.test_workflow import parked, submit
 
 
@@ -391,9 +391,10 @@ def test_a_fork_from_the_payment_step_reuses_the_key_and_pays_once(
 def test_without_operators_serve_makes_an_admin_whose_password_is_in_a_private_file(
     env: Env, caplog: pytest.LogCaptureFixture
 ) -> None:
-    port = free_port()
+    sock = bound_socket()
+    port = int(sock.getsockname()[1])
     settings = env.settings(refund_agent_port=port)
-    server = ThreadedServer(create_app(settings, freeze_heap=False), port=port)
+    server = ThreadedServer(create_app(settings, freeze_heap=False), sock=sock)
     with caplog.at_level(logging.WARNING):
         server.start()
     try:

@@ -11,13 +11,13 @@ from dbos import DBOSClient
 from agent import approvals, runtime
 from agent.approval_workflows import decide_here
 from agent.http.server import create_app
-from agent.ops.processes import free_port, wait_for
+from agent.ops.processes import wait_for
 from steps.seed import seed
 from steps.store import app_db
 from tests import web
 from tests.conftest import API_KEY, Env
 from tests.identities import DANA
-from tests.servers import ThreadedServer
+from tests.servers import ThreadedServer, bound_socket
 from tests.test_refund_lifecycle import API_TOKEN, WEBHOOK_SECRET, row, settle_at_sandbox, until
 from tests.test_workflow import parked, result, running, submit
 
@@ -69,14 +69,15 @@ def test_an_expiry_ends_the_reminder_still_waiting(env: Env) -> None:
 @pytest.fixture
 def served(env: Env) -> Iterator[DBOSClient]:
     """The service over HTTP with a webhook secret; the provider's next re-read an hour away."""
-    port = free_port()
+    sock = bound_socket()
+    port = int(sock.getsockname()[1])
     settings = env.settings(
         refund_agent_port=port,
         refund_agent_api_token=API_TOKEN,
         stripe_webhook_secret=WEBHOOK_SECRET,
         payment_recheck_seconds=HOUR,
     )
-    server = ThreadedServer(create_app(settings, freeze_heap=False), port=port)
+    server = ThreadedServer(create_app(settings, freeze_heap=False), sock=sock)
     server.start()
     seed(app_db().engine)
     client = runtime.client(settings)

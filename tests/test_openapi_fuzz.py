@@ -31,7 +31,7 @@ from schemathesis.specs.openapi.checks import response_schema_conformance
 
 from agent import runtime, tokens
 from agent.http.server import create_app
-from agent.ops.processes import free_port, wait_for
+from agent.ops.processes import wait_for
 from agent.settings import Settings
 from steps.records import SUPPORTED_CURRENCIES
 from steps.seed import ORDERS
@@ -39,7 +39,7 @@ from steps.store import create_engine
 from tests import web
 from tests.conftest import BACKENDS, Env
 from tests.identities import APPROVER_CLIENT, add_approver_client
-from tests.servers import ThreadedServer
+from tests.servers import ThreadedServer, bound_socket
 
 TOKEN = "test-token-of-the-helpdesk-client-0001"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -96,7 +96,8 @@ class Service(ThreadedServer):
     """``create_app`` under uvicorn in a thread; leaving runs the lifespan's shutdown (DBOS destroyed)."""
 
     def __init__(self, env: Env) -> None:
-        port = free_port()
+        sock = bound_socket()
+        port = int(sock.getsockname()[1])
         settings = env.settings(
             refund_agent_api_token=TOKEN,
             approval_signing_secret=SIGNING_SECRET,
@@ -109,7 +110,7 @@ class Service(ThreadedServer):
             add_approver_client(engine, APPROVER_KEY)
         finally:
             engine.dispose()
-        super().__init__(create_app(settings, freeze_heap=False), port=port)
+        super().__init__(create_app(settings, freeze_heap=False), sock=sock)
 
     def __enter__(self) -> Service:
         self.start()

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent import runtime
 from agent.console import actions
 from agent.http.server import create_app
-from agent.ops.processes import free_port, wait_for
+from agent.ops.processes import wait_for
 from agent.settlement import event_options, event_workflow_id
 from agent.workflow import REFUND_QUEUE
 from sandbox.webhooks import sign
@@ -34,7 +34,7 @@ from steps.store import app_db, audit_log, provider_events
 from tests import web
 from tests.capture import CaptureServer
 from tests.conftest import API_KEY, Env
-from tests.servers import ThreadedServer
+from tests.servers import ThreadedServer, bound_socket
 from tests.test_refund_lifecycle import (
     chain_ok,
     finished,
@@ -114,7 +114,8 @@ class Service:
 @pytest.fixture
 def svc(env: Env) -> Iterator[Service]:
     """The service over HTTP (API + worker) taking signed webhooks; re-reads far apart, so events settle."""
-    port = free_port()
+    sock = bound_socket()
+    port = int(sock.getsockname()[1])
     with CaptureServer() as slack:
         settings = env.settings(
             refund_agent_port=port,
@@ -122,7 +123,7 @@ def svc(env: Env) -> Iterator[Service]:
             payment_recheck_seconds=3600,
             slack_webhook_url=slack.url("webhook"),
         )
-        server = ThreadedServer(create_app(settings, freeze_heap=False), port=port)
+        server = ThreadedServer(create_app(settings, freeze_heap=False), sock=sock)
         server.start()
         seed(app_db().engine)
         client = runtime.client(settings)

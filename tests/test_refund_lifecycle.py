@@ -17,7 +17,7 @@ from dbos import DBOSClient
 from agent import runtime
 from agent.domain import RefundRequest
 from agent.http.server import create_app
-from agent.ops.processes import free_port, wait_for
+from agent.ops.processes import wait_for
 from agent.status import FINAL, refund_status
 from agent.submit import submit_refund
 from sandbox.webhooks import sign
@@ -28,7 +28,7 @@ from tests import web
 from tests.capture import CaptureServer
 from tests.conftest import API_KEY, Env
 from tests.identities import HELPDESK
-from tests.servers import ThreadedServer
+from tests.servers import ThreadedServer, bound_socket
 from tests.test_workflow import running
 
 WEBHOOK_SECRET = "whsec_lifecycle_test_at_least_32_bytes_long"
@@ -188,14 +188,15 @@ def test_a_reread_that_sees_pending_leaves_the_refund_settling_books_nothing_and
 @pytest.fixture
 def served(env: Env) -> Iterator[tuple[ThreadedServer, DBOSClient]]:
     """The service over HTTP (API + worker) with a webhook secret; re-reads far apart, so webhooks settle."""
-    port = free_port()
+    sock = bound_socket()
+    port = int(sock.getsockname()[1])
     settings = env.settings(
         refund_agent_port=port,
         refund_agent_api_token=API_TOKEN,
         stripe_webhook_secret=WEBHOOK_SECRET,
         payment_recheck_seconds=3600,
     )
-    server = ThreadedServer(create_app(settings, freeze_heap=False), port=port)
+    server = ThreadedServer(create_app(settings, freeze_heap=False), sock=sock)
     server.start()
     seed(app_db().engine)  # the embedded default seeds itself; Postgres does not
     client = runtime.client(settings)
