@@ -49,44 +49,78 @@ API_KEY = "sk_test_suite"
 QUEUE_POLL_SECONDS = 0.2
 
 
-#: The files that take longest, longest first (per-file times of a full run). With ``--no-loadscope-reorder`` (in
-#: pyproject.toml) xdist hands files out in collection order, so these start first and no long file starts last;
-#: every other file follows in its usual order.
-LONGEST_FIRST = [
-    "test_crash_matrix.py",
-    "test_crash_settling.py",
-    "test_docs.py",
-    "test_benchmarks_smoke.py",
-    "test_http.py",
-    "test_scale.py",
-    "test_evals.py",
-    "test_console.py",
-    "test_crash_questions.py",
-    "test_upgrade.py",
-    "test_identities.py",
-    "test_workflow.py",
-    "test_dbos_cli.py",
-    "test_console_oidc.py",
-    "test_customer_questions.py",
-    "test_tools.py",
-    "test_openapi_fuzz.py",
-    "test_provider_events.py",
-    "test_console_browser.py",
-    "test_outcome_messages.py",
-    "test_console_sessions.py",
-    "test_obeying_model.py",
-    "test_investigation.py",
-    "test_console_lead.py",
-    "test_model_outages.py",
-    "test_chaos.py",
-    "test_question_leads.py",
-    "test_docker.py",
-]
+#: Seconds each file took in a full run (the mean of two, on the 2-core machine with six workers; files under 8 s
+#: are left out). With ``--no-loadscope-reorder`` (in pyproject.toml) xdist hands files out in collection order,
+#: and a worker asks for its next file once two tests of its current one are left. Sorting the files longest first
+#: makes that a longest-processing-time schedule: the long files start at once, and the run ends on short ones
+#: spread over every worker instead of one long file on one worker. Refresh the numbers when a file's time changes
+#: a lot (``pytest --durations=0`` prints every test's).
+FILE_SECONDS = {
+    "test_benchmarks_smoke.py": 213,
+    "test_crash_matrix.py": 205,
+    "test_crash_settling.py": 184,
+    "test_http.py": 178,
+    "test_scale.py": 159,
+    "test_docs.py": 150,
+    "test_upgrade.py": 138,
+    "test_console.py": 119,
+    "test_evals.py": 104,
+    "test_workflow.py": 100,
+    "test_dbos_cli.py": 99,
+    "test_identities.py": 94,
+    "test_openapi_fuzz.py": 85,
+    "test_crash_questions.py": 80,
+    "test_customer_questions.py": 76,
+    "test_provider_events.py": 74,
+    "test_tools.py": 70,
+    "test_model_outages.py": 70,
+    "test_console_sessions.py": 67,
+    "test_outcome_messages.py": 64,
+    "test_investigation.py": 61,
+    "test_refund_lifecycle.py": 56,
+    "test_console_oidc.py": 54,
+    "test_console_browser.py": 52,
+    "test_money_properties.py": 46,
+    "test_console_lead.py": 46,
+    "test_payment_step.py": 45,
+    "test_launcher.py": 44,
+    "test_obeying_model.py": 42,
+    "test_decision_ends_waiting.py": 41,
+    "test_approve_less.py": 40,
+    "test_parked_holds_nothing.py": 40,
+    "test_hostile_input.py": 39,
+    "test_docker.py": 38,
+    "test_claim_display.py": 37,
+    "test_question_leads.py": 37,
+    "test_whole_case.py": 36,
+    "test_open_claims.py": 36,
+    "test_real_model.py": 35,
+    "test_chaos.py": 34,
+    "test_security.py": 31,
+    "test_audit_chain.py": 29,
+    "test_sandbox_payments.py": 28,
+    "test_email_delivery.py": 28,
+    "test_file_modes.py": 27,
+    "test_openapi_fields.py": 25,
+    "test_rolling_upgrade.py": 25,
+    "test_dbos_argus.py": 23,
+    "test_startup_output.py": 21,
+    "test_amounts_shown.py": 21,
+    "test_approve_less_browser.py": 20,
+    "test_checkpoint_format.py": 18,
+    "test_dbos_console_link.py": 18,
+    "test_helpdesk.py": 17,
+    "test_api_answers.py": 16,
+    "test_money.py": 16,
+    "test_concurrent_orders.py": 12,
+    "test_generated_client.py": 12,
+    "test_telemetry.py": 9,
+    "test_localstripe.py": 9,
+}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {name: place for place, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order is kept
+    items.sort(key=lambda item: -FILE_SECONDS.get(item.path.name, 0))  # stable: a file's own order is kept
 
 
 def _pg_admin_url() -> str:
