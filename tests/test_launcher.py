@@ -37,11 +37,12 @@ def test_a_spawned_worker_is_forked_warm_and_dies_by_sigkill(env: Env, tmp_path:
         stop(worker)
 
 
-def test_a_forked_command_has_exactly_the_environment_and_directory_asked_for(
+def test_a_forked_command_has_exactly_the_environment_and_directory_asked_for_and_ends_as_a_cold_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Nothing of the launcher's own environment reaches a command: not in ``os.environ``, not in the C library's."""
     monkeypatch.setenv("DATABASE_URL", "postgresql://launcher-only/never")  # the launcher's, never asked for
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)  # its commands' output is buffered, as a cold one's is
     launcher = zygote.Launcher()
     try:
         asked = {"PATH": os.environ["PATH"], "REFUND_AGENT_DATA_DIR": str(tmp_path / "data")}
@@ -51,9 +52,11 @@ def test_a_forked_command_has_exactly_the_environment_and_directory_asked_for(
             )
             assert probe.wait(60) == 0
             out.seek(0)
-            seen = json.loads(out.read())
+            first, *rest = out.read().decode().splitlines()
+            seen = json.loads(first)
     finally:
         launcher.close()
+    assert rest == ["a running thread finished", "an exit handler ran"]  # as a cold process ends
     assert seen["environ"] == asked
     assert seen["getenv"] == {"DATABASE_URL": None, "PATH": os.environ["PATH"]}
     assert Path(seen["cwd"]) == tmp_path
