@@ -522,7 +522,11 @@ def test_the_readme_is_short() -> None:
 
 def run(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(args, capture_output=True, text=True, timeout=kwargs.pop("timeout", 180), **kwargs)
-    assert done.returncode == 0, f"{args} exited {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    # A long output loses its start to the cut below: the demo's failed checks are named there, so they come first.
+    failed = "\n".join(line for line in done.stdout.splitlines() if line.lstrip().startswith("FAIL"))
+    assert done.returncode == 0, (
+        f"{args} exited {done.returncode}\n{failed}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )
     return done
 
 
